@@ -1,0 +1,84 @@
+"""The public entry points: `lower`, `compile`, and `build` (Program -> runnable artifact)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from wrapgen import config, debug
+from wrapgen.backends.emitter import CompiledArtifact
+from wrapgen.backends.registry import get_backend
+from wrapgen.compiled import CompiledFunction
+from wrapgen.lowering.capture import CapturedGraph, capture
+from wrapgen.lowering.graph_lowering import lower_captured
+from wrapgen.wrapper_ir.passes import add_finite_checks
+from wrapgen.wrapper_ir.program import Program
+from wrapgen.wrapper_ir.verify import verify
+
+
+def _check_arguments(model: object, example_inputs: object, dynamic: object) -> tuple:
+    if not callable(model):
+        raise TypeError(f"model must be an nn.Module, a function or an fx.GraphModule, got {type(model).__name__}")
+    if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (list, tuple)):
+        raise TypeError(
+            f"example_inputs must be a tuple or list of inputs, got {type(example_inputs).__name__}"
+            " (wrap a single tensor as (x,))"
+        )
+    if not isinstance(dynamic, bool):
+        raise TypeError(f"dynamic must be True or False, got {dynamic!r}")
+    return tuple(example_inputs)
+
+
+def _capture(model: object, example_inputs: object, dynamic: object) -> CapturedGraph:
+    inputs = _check_arguments(model, example_inputs, dynamic)
+    return capture(model, inputs, bool(dynamic))
+
+
+def lower(model: Callable | torch.nn.Module, example_inputs: Sequence[Any], dynamic: bool = False) -> Program:
+    """Trace `model` and return its verified Wrapper IR program (`str(program)` is the IR text)."""
+    return verify(lower_captured(_capture(model, example_inputs, dynamic)))
+
+
+def resolve_target(target: str | None) -> str:
+    name = config.target if target is None else target
+    if not isinstance(name, str):
+        raise TypeError(f"target must be a string, got {type(name).__name__}")
+    get_backend(name)  # raises ValueError naming the registered targets
+    return name
+
+
+def optimize(program: Program) -> Program:
+    """The configured passes, then the verifier: what every emitter is handed."""
+    config.snapshot()
+    if config.check_finite:
+        program = add_finite_checks(program)
+    return verify(program)
+
+
+def _emit(program: Program, target: str) -> CompiledArtifact:
+    artifact = get_backend(target)().compile(program)
+    debug.dump(program, target, artifact)
+    return artifact
+
+
+def build(program: Program, target: str | None = None) -> CompiledArtifact:
+    """Optimize and verify `program`, then compile it for `target` (default config.target)."""
+    name = resolve_target(target)
+    return _emit(optimize(program), name)
+
+
+def compile(
+    model: Callable | torch.nn.Module,
+    example_inputs: Sequence[Any],
+    target: str | None = None,
+    dynamic: bool = False,
+) -> CompiledFunction:
+    """Compile `model` for `target`; the result is called like `model` and returns eager's structure."""
+    name = resolve_target(target)
+    captured = _capture(model, example_inputs, dynamic)
+    program = optimize(lower_captured(captured))
+    artifact = _emit(program, name)
+    return CompiledFunction(program, artifact, name, captured.in_spec, captured.out_spec, captured.output_kind)

@@ -1,0 +1,20 @@
+"""Targets: emitters that print a Wrapper IR program for one runtime, and their registry."""
+
+from wrapgen.backends.devices import DeviceOverrides, device_overrides, register_device_overrides
+from wrapgen.backends.emitter import CompiledArtifact, Emitter
+from wrapgen.backends.python import PythonEmitter
+from wrapgen.backends.registry import get_backend, register_backend, registered_backends
+
+register_backend("python", PythonEmitter)
+
+__all__ = [
+    "CompiledArtifact",
+    "DeviceOverrides",
+    "Emitter",
+    "PythonEmitter",
+    "device_overrides",
+    "get_backend",
+    "register_backend",
+    "register_device_overrides",
+    "registered_backends",
+]

@@ -1,0 +1,254 @@
+"""PythonEmitter: a Wrapper IR program as a Python module defining `call(args)`."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import sympy
+import torch
+from torch.utils._sympy.printers import PythonPrinter
+
+from wrapgen.backends.cache import load_python_module, write_cached
+from wrapgen.backends.devices import device_overrides
+from wrapgen.backends.emitter import CompiledArtifact, Emitter
+from wrapgen.wrapper_ir.lines import (
+    OBSERVED,
+    Allocate,
+    AssertFinite,
+    AssertInput,
+    BindSymbol,
+    Comment,
+    ExternKernel,
+    Free,
+    MultiOutput,
+    Output,
+    Reinterpret,
+    SymbolicCallArg,
+)
+from wrapgen.wrapper_ir.program import Program, TensorInput
+from wrapgen.wrapper_ir.values import Arg, TensorRef
+
+_PRINTER = PythonPrinter()
+
+
+def py_expr(expr: object) -> str:
+    """Python source for an integer expression over local size-symbol variables."""
+    if isinstance(expr, sympy.Basic):
+        if isinstance(expr, sympy.Integer):
+            return str(int(expr))
+        return _PRINTER.doprint(expr)
+    return repr(expr)
+
+
+def py_tuple(items: tuple) -> str:
+    inner = ", ".join(py_value(i) for i in items)
+    return f"({inner},)" if len(items) == 1 else f"({inner})"
+
+
+def py_value(value: Arg) -> str:
+    """Python source for a call argument."""
+    if isinstance(value, TensorRef):
+        return value.name
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, sympy.Basic):
+        return py_expr(value)
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "INF" if value > 0 else "-INF"
+        return "NAN" if math.isnan(value) else repr(value)
+    if isinstance(value, (int, str, complex)):
+        return repr(value)
+    if isinstance(value, tuple):
+        return py_tuple(value)
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if isinstance(value, torch.device):
+        return f"torch.device({str(value)!r})"
+    if isinstance(value, (torch.layout, torch.memory_format)):
+        return str(value)
+    raise TypeError(f"cannot express argument {value!r} of type {type(value).__name__} in Python")
+
+
+def _evaluate_at_hints(shape: tuple, hints: dict) -> tuple[int, ...]:
+    return tuple(int(sympy.sympify(e).xreplace(hints)) for e in shape)
+
+
+class PythonEmitter(Emitter):
+    """Emits a module with `call(args)` and `benchmark_compiled_module()`."""
+
+    name = "python"
+    indent_unit = "    "
+
+    # -- writing ----------------------------------------------------------------------------
+    def writeline(self, text: str) -> None:
+        self.body.append(f"{self.indent_unit * self.depth}{text}" if text else "")
+
+    @contextlib.contextmanager
+    def indent(self) -> Iterator[None]:
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+
+    def op_handle(self, qualified: str) -> str:
+        """A module-level variable bound once to the operator, so calls skip the lookup."""
+        if qualified not in self.ops:
+            base = qualified.replace("::", "_").replace(".", "_")
+            self.ops[qualified] = base if base not in self.ops.values() else f"{base}_{len(self.ops)}"
+        return self.ops[qualified]
+
+    def device_handle(self, device: torch.device) -> str:
+        key = str(device)
+        if key not in self.devices:
+            self.devices[key] = f"_device{len(self.devices)}"
+        return self.devices[key]
+
+    # -- program ----------------------------------------------------------------------------
+    def begin(self, program: Program) -> None:
+        self.body: list[str] = []
+        self.depth = 1
+        self.ops: dict[str, str] = {}
+        self.devices: dict[str, str] = {}
+        self.allocated: set[str] = set()
+        names = ", ".join(program.input_names())
+        self.writeline(f"check_arg_count(args, {len(program.inputs)})")
+        if program.inputs:
+            self.writeline(f"{names}, = args")
+
+    def finish(self, program: Program) -> str:
+        header = [
+            f"# wrapgen: program {program.name!r}, emitted by {type(self).__name__}",
+            "import torch",
+            "from wrapgen.backends.python_runtime import (",
+            "    INF, NAN, assert_finite, benchmark, check_arg_count, example_tensor, input_mismatch,",
+            "    resolve_op, symbol_out_of_range,",
+            ")",
+            "",
+            "_as_strided = torch.as_strided",
+            "_empty_strided = torch.empty_strided",
+        ]
+        header += [f"{var} = torch.device({dev!r})" for dev, var in self.devices.items()]
+        header += [f"{var} = resolve_op({op!r})" for op, var in self.ops.items()]
+        header.append("")
+        header.append("# Constants (parameters and buffers), bound by the loader before the first call.")
+        header += [f"{c.name} = None" for c in program.constants]
+        lines = header + ["", "", "def call(args):"] + self.body + ["", ""] + self.benchmark_source(program)
+        return "\n".join(lines) + "\n"
+
+    def benchmark_source(self, program: Program) -> list[str]:
+        """`benchmark_compiled_module()`: random inputs and constants at the symbols' hints."""
+        hints = {s.symbol: s.hint for s in program.symbols}
+        examples = []
+        for spec in program.inputs:
+            if isinstance(spec, TensorInput):
+                t = spec.type
+                sizes = _evaluate_at_hints(t.sizes, hints)
+                strides = _evaluate_at_hints(t.strides or (), hints)
+                examples.append(f"example_tensor({sizes!r}, {strides!r}, {t.dtype}, {str(t.device)!r})")
+            else:
+                examples.append(repr(spec.kind(2)))
+        constants = []
+        for c in program.constants:
+            t = c.type
+            sizes, strides = _evaluate_at_hints(t.sizes, hints), _evaluate_at_hints(t.strides or (), hints)
+            constants.append(f"        {c.name!r}: example_tensor({sizes!r}, {strides!r}, {t.dtype}, {str(t.device)!r}),")
+        devices = {str(t.type.device) for t in program.inputs if isinstance(t, TensorInput)}
+        syncs = [device_overrides(d).python_synchronize() for d in sorted(devices)]
+        sync_body = "; ".join(s for s in syncs if s) or "pass"
+        return [
+            "def _synchronize():",
+            f"    {sync_body}",
+            "",
+            "",
+            "def benchmark_compiled_module(times=20, repeat=5):",
+            '    """Run `call` on random inputs of the compiled shapes; print and return seconds per call."""',
+            "    missing = {",
+            *constants,
+            "    }",
+            "    for name, value in missing.items():",
+            "        if globals()[name] is None:",
+            "            globals()[name] = value",
+            f"    args = [{', '.join(examples)}]",
+            "    seconds = benchmark(call, args, _synchronize, times, repeat)",
+            '    print(f"{seconds * 1e6:.1f} us per call")',
+            "    return seconds",
+            "",
+            "",
+            'if __name__ == "__main__":',
+            "    benchmark_compiled_module()",
+        ]
+
+    def compile(self, program: Program) -> CompiledArtifact:
+        source = self.emit(program)
+        path = write_cached("python", source, ".py")
+        module = load_python_module(path)
+        for name, value in program.constant_values().items():
+            setattr(module, name, value)
+        return CompiledArtifact(module.call, source, path)
+
+    # -- lines ------------------------------------------------------------------------------
+    def emit_bind_symbol(self, line: BindSymbol) -> None:
+        observed = line.observed_text()
+        value = observed if line.expr == OBSERVED else py_expr(line.expr.xreplace({OBSERVED: sympy.Symbol(f"({observed})")}))
+        self.writeline(f"{line.symbol} = {value}")
+        condition = f"{line.symbol} < {line.min}" if line.max is None else f"not {line.min} <= {line.symbol} <= {line.max}"
+        if line.min > 0 or line.max is not None:
+            self.writeline(f"if {condition}:")
+            with self.indent():
+                self.writeline(f"symbol_out_of_range({str(line.symbol)!r}, {line.symbol}, {line.min}, {line.max})")
+
+    def emit_assert_input(self, line: AssertInput) -> None:
+        name, device = line.name, self.device_handle(line.device)
+        sizes = py_tuple(line.sizes)
+        checks = [f"{name}.shape != {sizes}"]
+        if all(s is not None for s in line.strides):
+            checks.append(f"{name}.stride() != {py_tuple(line.strides)}")
+        else:
+            checks += [f"{name}.stride({d}) != {py_expr(s)}" for d, s in enumerate(line.strides) if s is not None]
+        checks += [f"{name}.dtype != {line.dtype}", f"{name}.device != {device}"]
+        strides = py_tuple(tuple(line.strides))
+        self.writeline(f"if {' or '.join(checks)}:")
+        with self.indent():
+            self.writeline(f"input_mismatch({name!r}, {name}, {sizes}, {strides}, {line.dtype}, {device})")
+
+    def emit_allocate(self, line: Allocate) -> None:
+        t = line.type
+        self.allocated.add(line.name)
+        self.writeline(
+            f"{line.name} = _empty_strided({py_tuple(t.sizes)}, {py_tuple(t.strides or ())}, "
+            f"dtype={t.dtype}, device={self.device_handle(t.device)})"
+        )
+
+    def emit_free(self, line: Free) -> None:
+        self.writeline(f"del {line.name}")
+
+    def emit_reinterpret(self, line: Reinterpret) -> None:
+        offset = py_expr(line.offset)
+        if line.source not in self.allocated:
+            offset = f"{line.source}.storage_offset() + {offset}" if line.offset != 0 else f"{line.source}.storage_offset()"
+        self.writeline(f"{line.name} = _as_strided({line.source}, {py_tuple(line.sizes)}, {py_tuple(line.strides)}, {offset})")
+
+    def emit_extern_kernel(self, line: ExternKernel) -> None:
+        parts = [py_value(a) for a in line.args] + [f"{k}={py_value(v)}" for k, v in line.kwargs]
+        call = f"{self.op_handle(line.op)}({', '.join(parts)})"
+        self.writeline(f"{line.name} = {call}" if line.name is not None else call)
+
+    def emit_multi_output(self, line: MultiOutput) -> None:
+        self.writeline(f"{line.name} = {line.source}{''.join(f'[{i}]' for i in line.index)}")
+
+    def emit_symbolic_call_arg(self, line: SymbolicCallArg) -> None:
+        self.writeline(f"{line.symbol} = {py_expr(line.expr)}")
+
+    def emit_assert_finite(self, line: AssertFinite) -> None:
+        self.writeline(f"assert_finite({line.name!r}, {line.name})")
+
+    def emit_comment(self, line: Comment) -> None:
+        self.writeline(f"# {line.text}")
+
+    def emit_output(self, line: Output) -> None:
+        self.writeline(f"return {py_tuple(line.values) if line.values else '()'}")
+

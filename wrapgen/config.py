@@ -1,0 +1,93 @@
+"""wrapgen's options: typed module attributes with environment overrides and `patch()`.
+
+    wrapgen.config.target = "cpp"                # set for the process
+    with wrapgen.config.patch(target="fx"): ...  # set for a block (also a decorator)
+
+Each option reads its environment variable once, at import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    kind: type
+    default: Any
+    env: str
+    help: str
+    optional: bool = False
+
+    def parse_env(self) -> Any:
+        raw = os.environ.get(self.env)
+        if raw is None or raw == "":
+            return self.default
+        if self.kind is bool:
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"{self.env}={raw!r} is not a boolean (use 1/0)")
+        return self.kind(raw)
+
+    def check(self, value: Any) -> None:
+        if value is None and self.optional:
+            return
+        if not isinstance(value, self.kind) or (self.kind is int and isinstance(value, bool)):
+            raise TypeError(f"config option {self.name!r} takes a {self.kind.__name__}, got {value!r}")
+
+
+OPTIONS: dict[str, Option] = {
+    o.name: o
+    for o in (
+        Option("target", str, "python", "WRAPGEN_TARGET", "emitter to compile for: python, or a registered name"),
+        Option("debug_dir", str, None, "WRAPGEN_DEBUG_DIR", "write each graph's IR and emitted code here", True),
+        Option("check_finite", bool, False, "WRAPGEN_CHECK_FINITE", "fail a call whose float outputs hold NaN/Inf"),
+        Option("cache_dir", str, None, "WRAPGEN_CACHE_DIR", "where emitted artifacts are cached (~/.cache/wrapgen)", True),
+    )
+}
+
+target: str = OPTIONS["target"].parse_env()
+debug_dir: str | None = OPTIONS["debug_dir"].parse_env()
+check_finite: bool = OPTIONS["check_finite"].parse_env()
+cache_dir: str | None = OPTIONS["cache_dir"].parse_env()
+
+_module = sys.modules[__name__]
+
+
+def validate(changes: dict[str, Any]) -> None:
+    """Raise for an unknown option name or a value of the wrong type."""
+    for name, value in changes.items():
+        option = OPTIONS.get(name)
+        if option is None:
+            raise ValueError(f"unknown config option {name!r}; options are: {', '.join(OPTIONS)}")
+        option.check(value)
+
+
+def snapshot() -> dict[str, Any]:
+    """Current values of all options (validated)."""
+    values = {name: getattr(_module, name) for name in OPTIONS}
+    validate(values)
+    return values
+
+
+@contextlib.contextmanager
+def patch(changes: dict[str, Any] | None = None, **kwargs: Any) -> Iterator[None]:
+    """Set options for the duration of a `with` block (or a decorated function)."""
+    updates = {**(changes or {}), **kwargs}
+    validate(updates)
+    saved = {name: getattr(_module, name) for name in updates}
+    for name, value in updates.items():
+        setattr(_module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(_module, name, value)

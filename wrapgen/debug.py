@@ -1,0 +1,25 @@
+"""The debug switch: write each compiled graph's IR text and emitted code to a folder."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+from wrapgen import config
+from wrapgen.backends.emitter import CompiledArtifact
+from wrapgen.wrapper_ir.program import Program
+
+_counter = itertools.count()
+
+_SUFFIXES = {"python": ".py", "cpp": ".cpp", "fx": ".fx.py"}
+
+
+def dump(program: Program, target: str, artifact: CompiledArtifact) -> Path | None:
+    """Write `program.txt` and the emitted code under config.debug_dir; return the folder."""
+    if not config.debug_dir:
+        return None
+    folder = Path(config.debug_dir) / f"{next(_counter):03d}_{program.name}_{target}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "program.txt").write_text(str(program))
+    (folder / f"code{_SUFFIXES.get(target, '.txt')}").write_text(artifact.source)
+    return folder

@@ -1,0 +1,53 @@
+"""`torch.compile(model, backend="wrapgen", options={...})`: the TorchDynamo backend.
+
+Registered through the `torch_dynamo_backends` entry point, so no `import wrapgen` is
+needed. aot_autograd hands us functional ATen graphs (forward, and backward when training);
+each is lowered, optimized and emitted for the configured target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+
+from wrapgen import config
+
+
+def compile_aten_graph(gm: torch.fx.GraphModule, name: str, target: str | None = None) -> Callable[[list], Any]:
+    """Compile one aot_autograd graph to a boxed callable (takes the list of inputs)."""
+    from wrapgen.api import _emit, optimize, resolve_target
+    from wrapgen.lowering.capture import capture_aten_graph
+    from wrapgen.lowering.graph_lowering import lower_captured
+
+    program = optimize(lower_captured(capture_aten_graph(gm), name))
+    call = _emit(program, resolve_target(target)).call
+    call._boxed_call = True  # type: ignore[attr-defined]
+    return call
+
+
+def wrapgen_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict[str, Any] | None = None) -> Callable:
+    """The dynamo backend. `options` are wrapgen config options (target, debug_dir, ...)."""
+    from torch._decomp import core_aten_decompositions
+    from torch._dynamo.backends.common import aot_autograd
+
+    settings = dict(options or {})
+    config.validate(settings)
+
+    def compiler(name: str) -> Callable:
+        def compile_graph(graph: torch.fx.GraphModule, _inputs: list) -> Callable:
+            with config.patch(settings):
+                return compile_aten_graph(graph, name)
+
+        return compile_graph
+
+    backend = aot_autograd(
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"),
+        decompositions=core_aten_decompositions(),
+        keep_inference_input_mutations=True,
+    )
+    return backend(gm, example_inputs)

@@ -1,0 +1,13 @@
+"""Exceptions wrapgen raises on purpose, so callers can tell our refusals from bugs."""
+
+
+class WrapgenError(Exception):
+    """Base of wrapgen's own errors."""
+
+
+class LoweringError(WrapgenError, ValueError):
+    """A program cannot be lowered to the Wrapper IR (the message says which part and why)."""
+
+
+class UnsupportedLineError(WrapgenError, NotImplementedError):
+    """An emitter was given a line type it cannot express."""

@@ -1,0 +1,137 @@
+"""Turn what a user hands us (module, function, ATen graph) into one ATen fx graph plus roles.
+
+`torch.export` plus the core-ATen decompositions does the tracing for modules and functions;
+an ATen `fx.GraphModule` (as aot_autograd produces) is taken as it is.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+from torch.export import Dim
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.utils import _pytree as pytree
+
+from wrapgen.errors import LoweringError
+
+
+@dataclass
+class CapturedGraph:
+    """An ATen graph and what each placeholder and output means.
+
+    `inputs` are the placeholders fed by `call(args)`, in order; `constants` maps the other
+    placeholders (and get_attr targets) to (origin, tensor); `mutations` maps an output
+    position to the placeholder whose storage it must be written back into.
+    """
+
+    graph_module: torch.fx.GraphModule
+    inputs: list[str]
+    constants: dict[str, tuple[str, torch.Tensor]] = field(default_factory=dict)
+    mutations: dict[int, str] = field(default_factory=dict)
+    in_spec: pytree.TreeSpec | None = None
+    out_spec: pytree.TreeSpec | None = None
+    output_kind: str = "tuple"  # for graphs without out_spec: "tuple" | "list" | "single"
+
+
+class _FunctionModule(torch.nn.Module):
+    """Lets torch.export trace a plain function."""
+
+    def __init__(self, fn: Callable) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def is_aten_graph(gm: torch.fx.GraphModule) -> bool:
+    """True when every call in the graph is already an ATen overload (or getitem / symbolic int math)."""
+    for node in gm.graph.nodes:
+        if node.op in ("call_module", "call_method"):
+            return False
+        if node.op == "call_function":
+            target = node.target
+            if isinstance(target, torch._ops.OpOverload) or target is operator.getitem:
+                continue
+            if getattr(target, "__module__", "") in ("_operator", "operator", "math", "torch", "builtins"):
+                if "val" in node.meta and not isinstance(node.meta["val"], torch.Tensor):
+                    continue
+            return False
+    return all("val" in n.meta for n in gm.graph.nodes if n.op == "placeholder")
+
+
+def capture(model: object, example_inputs: Sequence[object], dynamic: bool) -> CapturedGraph:
+    """Trace `model` on `example_inputs` into a CapturedGraph."""
+    if isinstance(model, torch.fx.GraphModule) and is_aten_graph(model):
+        return capture_aten_graph(model)
+    module = model if isinstance(model, torch.nn.Module) else _FunctionModule(model)  # type: ignore[arg-type]
+    args = tuple(example_inputs)
+    dynamic_shapes = _all_dims_dynamic(args) if dynamic else None
+    try:
+        exported = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as err:  # torch's own tracing failure: report it as such
+        raise LoweringError(f"torch.export could not capture the program: {type(err).__name__}: {err}") from err
+    exported = exported.run_decompositions()
+    return _from_exported(exported)
+
+
+def _all_dims_dynamic(args: tuple) -> tuple:
+    def spec(value: object) -> object:
+        if isinstance(value, torch.Tensor):
+            return {d: Dim.AUTO for d in range(value.dim())}
+        return None
+
+    return tuple(pytree.tree_map(spec, a) for a in args)
+
+
+def _from_exported(exported: torch.export.ExportedProgram) -> CapturedGraph:
+    signature = exported.graph_signature
+    state = {**exported.state_dict, **exported.constants}
+    inputs: list[str] = []
+    constants: dict[str, tuple[str, torch.Tensor]] = {}
+    for spec in signature.input_specs:
+        name = spec.arg.name
+        if spec.kind == InputKind.USER_INPUT:
+            inputs.append(name)
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            constants[name] = (spec.target, state[spec.target].detach())
+        else:
+            raise LoweringError(f"input {name} of kind {spec.kind.name} is not supported")
+    mutations: dict[int, str] = {}
+    placeholder_of = {spec.target: spec.arg.name for spec in signature.input_specs if spec.target}
+    user_inputs = {spec.arg.name for spec in signature.input_specs if spec.kind == InputKind.USER_INPUT}
+    for index, spec in enumerate(signature.output_specs):
+        if spec.kind == OutputKind.BUFFER_MUTATION:
+            mutations[index] = placeholder_of[spec.target]
+        elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+            if spec.target not in user_inputs:
+                raise LoweringError(f"mutated input {spec.target} is not a user input")
+            mutations[index] = spec.target
+        elif spec.kind != OutputKind.USER_OUTPUT:
+            raise LoweringError(f"output {spec.arg} of kind {spec.kind.name} is not supported")
+    return CapturedGraph(
+        exported.graph_module,
+        inputs,
+        constants,
+        mutations,
+        exported.call_spec.in_spec,
+        exported.call_spec.out_spec,
+    )
+
+
+def capture_aten_graph(gm: torch.fx.GraphModule) -> CapturedGraph:
+    inputs = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    constants: dict[str, tuple[str, torch.Tensor]] = {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = operator.attrgetter(node.target)(gm)
+            if not isinstance(value, torch.Tensor):
+                raise LoweringError(f"get_attr {node.target} is a {type(value).__name__}, not a tensor")
+            constants[node.name] = (node.target, value.detach())
+    output = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    kind = "tuple" if isinstance(output, tuple) else "list" if isinstance(output, list) else "single"
+    return CapturedGraph(gm, inputs, constants, output_kind=kind)

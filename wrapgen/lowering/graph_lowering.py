@@ -1,0 +1,371 @@
+"""Walk an ATen fx graph and produce the Wrapper IR lines for it.
+
+In this layer every op is a library call: the op's out= overload into an allocated buffer
+where one exists, else the op itself returning its own result. Views of buffers whose
+layout the program controls become `Reinterpret` lines; in-place ops become calls that
+write the buffer they mutate.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from dataclasses import dataclass
+
+import sympy
+import torch
+import torch.fx
+
+from wrapgen.errors import LoweringError
+from wrapgen.lowering.capture import CapturedGraph
+from wrapgen.lowering.lifetimes import insert_frees, remove_unused_views
+from wrapgen.lowering.out_variants import find_out_variant
+from wrapgen.lowering.symbols import BindingSource, SymbolTable, plan_bindings
+from wrapgen.wrapper_ir.lines import (
+    Allocate,
+    AssertInput,
+    ExternKernel,
+    MultiOutput,
+    Output,
+    Reinterpret,
+    WrapperLine,
+)
+from wrapgen.wrapper_ir.program import Constant, Program, ScalarInput, TensorInput
+from wrapgen.wrapper_ir.values import Arg, TensorRef, TensorType
+
+_SIZE_QUERIES = frozenset({"aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::sym_storage_offset"})
+_SYMBOL_NAME = re.compile(r"^[su]\d+$")
+
+# Ops that return a view of their first argument although their schema does not say so.
+_UNANNOTATED_VIEWS = frozenset({"aten::_unsafe_view"})
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A lowered tensor value: its IR name, type, the storage it lives in, and whether the
+    program knows its layout (inputs are checked, allocations are ours) or the library chose it."""
+
+    name: str
+    type: TensorType
+    root: str
+    root_offset: sympy.Expr
+    fixed_layout: bool
+
+
+@dataclass(frozen=True)
+class TupleResult:
+    """A tuple returned by a library call, picked apart by MultiOutput lines."""
+
+    name: str
+    types: tuple[TensorType | None, ...]
+
+
+def _python_name(name: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    return cleaned if cleaned and not cleaned[0].isdigit() else f"v_{cleaned}"
+
+
+class GraphLowering:
+    """Lowers one CapturedGraph to a Program."""
+
+    def __init__(self, captured: CapturedGraph, name: str = "forward") -> None:
+        self.captured = captured
+        self.name = name
+        self.symbols = SymbolTable()
+        self.lines: list[WrapperLine] = []
+        self.values: dict[torch.fx.Node, object] = {}
+        self.taken_names: set[str] = set()
+        self.counter = 0
+
+    # -- naming -------------------------------------------------------------------------
+    def fresh(self, prefix: str = "buf") -> str:
+        while f"{prefix}{self.counter}" in self.taken_names:
+            self.counter += 1
+        name = f"{prefix}{self.counter}"
+        self.counter += 1
+        self.taken_names.add(name)
+        return name
+
+    def claim(self, wanted: str) -> str:
+        """A unique Python-safe name close to `wanted`, never one of the size-symbol names."""
+        name = _python_name(wanted)
+        if _SYMBOL_NAME.match(name):
+            name = f"arg_{name}"
+        base, n = name, 1
+        while name in self.taken_names:
+            name = f"{base}_{n}"
+            n += 1
+        self.taken_names.add(name)
+        return name
+
+    # -- types ------------------------------------------------------------------------------
+    def tensor_type(self, fake: torch.Tensor, with_strides: bool = True) -> TensorType:
+        sizes = self.symbols.shape(fake.shape)
+        strides = self.symbols.shape(fake.stride()) if with_strides else None
+        return TensorType(fake.dtype, fake.device, sizes, strides)
+
+    # -- entry ------------------------------------------------------------------------------
+    def lower(self) -> Program:
+        graph = self.captured.graph_module.graph
+        placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+        inputs, sources = self._lower_inputs(placeholders)
+        constants = self._lower_constants(placeholders, graph)
+        header_lines = list(self.lines)
+        self.lines = []
+        for node in graph.nodes:
+            if node.op == "call_function":
+                self.values[node] = self._lower_call(node)
+            elif node.op == "output":
+                self._lower_output(node)
+            elif node.op not in ("placeholder", "get_attr"):
+                raise LoweringError(f"node {node.name}: op kind {node.op!r} is not supported")
+        bindings = plan_bindings(sources, self.symbols)
+        body = insert_frees(
+            remove_unused_views(self.lines),
+            keep={i.name for i in inputs} | {c.name for c in constants},
+        )
+        return Program(self.name, tuple(inputs), self.symbols.infos(), tuple(constants), tuple(bindings + header_lines + body))
+
+    def _lower_inputs(self, placeholders: dict[str, torch.fx.Node]) -> tuple[list, list[BindingSource]]:
+        inputs: list[TensorInput | ScalarInput] = []
+        sources: list[BindingSource] = []
+        stride_sources: list[BindingSource] = []
+        for placeholder_name in self.captured.inputs:
+            node = placeholders[placeholder_name]
+            value = node.meta.get("val")
+            name = self.claim(placeholder_name)
+            if isinstance(value, torch.Tensor):
+                type_ = self.tensor_type(value)
+                inputs.append(TensorInput(name, type_))
+                for dim, size in enumerate(type_.sizes):
+                    sources.append(BindingSource(name, "size", dim, size))
+                for dim, stride in enumerate(type_.strides or ()):
+                    stride_sources.append(BindingSource(name, "stride", dim, stride))
+                checked_strides = tuple(None if size == 1 else stride for size, stride in zip(type_.sizes, type_.strides or ()))
+                self.lines.append(AssertInput(name, type_.dtype, type_.device, type_.sizes, checked_strides))
+                self.values[node] = Buffer(name, type_, name, sympy.Integer(0), True)
+            elif isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)):
+                inputs.append(ScalarInput(name, _scalar_kind(value)))
+                expr = self.symbols.expr(value)
+                if isinstance(expr, sympy.Expr):
+                    sources.append(BindingSource(name, "value", None, expr))
+                # A plain number was specialized by the tracer: the program uses that value.
+                self.values[node] = expr
+            else:
+                raise LoweringError(f"input {placeholder_name}: {type(value).__name__} values are not supported")
+        return inputs, sources + stride_sources
+
+    def _lower_constants(self, placeholders: dict[str, torch.fx.Node], graph: torch.fx.Graph) -> list[Constant]:
+        constants: list[Constant] = []
+        by_name = {n.name: n for n in graph.nodes}
+        for node_name, (origin, tensor) in self.captured.constants.items():
+            node = by_name[node_name]
+            name = self.claim(node_name)
+            fake = node.meta.get("val")
+            type_ = self.tensor_type(fake if isinstance(fake, torch.Tensor) else tensor)
+            constants.append(Constant(name, type_, origin, tensor))
+            self.values[node] = Buffer(name, type_, name, sympy.Integer(0), True)
+        return constants
+
+    # -- arguments --------------------------------------------------------------------------
+    def to_arg(self, value: object) -> Arg:
+        if isinstance(value, torch.fx.Node):
+            lowered = self.values[value]
+            if isinstance(lowered, Buffer):
+                return TensorRef(lowered.name)
+            if isinstance(lowered, tuple):
+                return tuple(self.to_arg_value(v) for v in lowered)
+            if isinstance(lowered, TupleResult):
+                raise LoweringError(f"node {value.name}: a whole tuple result cannot be passed as an argument")
+            return lowered  # type: ignore[return-value]
+        if isinstance(value, (list, tuple)):
+            return tuple(self.to_arg(v) for v in value)
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return self.symbols.expr(value)  # type: ignore[return-value]
+        if isinstance(value, torch.Tensor):
+            raise LoweringError("a tensor constant is embedded in a node's arguments; lift it first")
+        return value  # type: ignore[return-value]
+
+    def to_arg_value(self, value: object) -> Arg:
+        return TensorRef(value.name) if isinstance(value, Buffer) else value  # type: ignore[return-value]
+
+    # -- calls ------------------------------------------------------------------------------
+    def _lower_call(self, node: torch.fx.Node) -> object:
+        target = node.target
+        fake = node.meta.get("val")
+        if target is operator.getitem:
+            return self._lower_getitem(node)
+        if not isinstance(target, torch._ops.OpOverload):
+            if isinstance(fake, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)):
+                return self.symbols.expr(fake)
+            raise LoweringError(f"node {node.name}: call of {target} is not an ATen operator")
+        if target._schema.name in _SIZE_QUERIES:
+            return self.symbols.expr(fake)
+        if fake is not None and not isinstance(fake, (torch.Tensor, list, tuple)):
+            raise LoweringError(
+                f"node {node.name}: {target} returns a {type(fake).__name__} computed from tensor data, "
+                "which is not supported"
+            )
+        view = self._try_view(node, target, fake)
+        if view is not None:
+            return view
+        if _mutated_argument_indices(target):
+            return self._lower_inplace(node, target)
+        out_variant = find_out_variant(target)
+        if out_variant is not None and self._all_allocatable(fake):
+            return self._lower_out_call(node, out_variant, fake)
+        return self._lower_functional(node, target, fake)
+
+    def _lower_getitem(self, node: torch.fx.Node) -> object:
+        source, index = node.args
+        value = self.values[source]  # type: ignore[index]
+        if isinstance(value, tuple):
+            return value[index]  # type: ignore[index]
+        if isinstance(value, TupleResult):
+            fake = node.meta.get("val")
+            if not isinstance(fake, torch.Tensor):
+                raise LoweringError(f"node {node.name}: element {index} of {value.name} is not a tensor")
+            name = self.fresh()
+            type_ = self.tensor_type(fake)
+            self.lines.append(MultiOutput(name, value.name, (int(index),), TensorType(type_.dtype, type_.device, type_.sizes)))  # type: ignore[arg-type]
+            return Buffer(name, type_, name, sympy.Integer(0), False)
+        raise LoweringError(f"node {node.name}: getitem on a value that is not a tuple")
+
+    def _try_view(self, node: torch.fx.Node, op: torch._ops.OpOverload, fake: object) -> Buffer | tuple | None:
+        is_view = op.is_view or op._schema.name in _UNANNOTATED_VIEWS
+        if not is_view or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            return None
+        base = self.values.get(node.args[0])
+        base_fake = node.args[0].meta.get("val")
+        if not isinstance(base, Buffer) or not base.fixed_layout or not isinstance(base_fake, torch.Tensor):
+            return None
+        fakes = fake if isinstance(fake, (list, tuple)) else [fake]
+        if not all(isinstance(f, torch.Tensor) and f.dtype == base.type.dtype for f in fakes):
+            return None
+        if op._schema.name in _UNANNOTATED_VIEWS and not base_fake.is_contiguous():
+            return None
+        views = []
+        for view_fake in fakes:
+            type_ = self.tensor_type(view_fake)
+            relative = self.symbols.expr(view_fake.storage_offset()) - self.symbols.expr(base_fake.storage_offset())
+            offset = sympy.simplify(base.root_offset + relative)
+            name = self.fresh()
+            self.lines.append(Reinterpret(name, base.root, type_.dtype, type_.device, type_.sizes, type_.strides or (), offset))
+            views.append(Buffer(name, type_, base.root, offset, True))
+        return tuple(views) if isinstance(fake, (list, tuple)) else views[0]
+
+    def _all_allocatable(self, fake: object) -> bool:
+        fakes = fake if isinstance(fake, (list, tuple)) else [fake]
+        for f in fakes:
+            if not isinstance(f, torch.Tensor):
+                return False
+            type_ = self.tensor_type(f)
+            if any(str(s).startswith("u") for e in (*type_.sizes, *(type_.strides or ())) for s in sympy.sympify(e).free_symbols):
+                return False
+        return True
+
+    def _call_args(self, node: torch.fx.Node) -> tuple[tuple[Arg, ...], tuple[tuple[str, Arg], ...]]:
+        args = tuple(self.to_arg(a) for a in node.args)
+        kwargs = tuple((k, self.to_arg(v)) for k, v in node.kwargs.items())
+        return args, kwargs
+
+    def _lower_out_call(self, node: torch.fx.Node, variant, fake: object) -> object:
+        fakes = list(fake) if isinstance(fake, (list, tuple)) else [fake]
+        buffers = []
+        for f in fakes:
+            name = self.fresh()
+            type_ = self.tensor_type(f)
+            self.lines.append(Allocate(name, type_))
+            buffers.append(Buffer(name, type_, name, sympy.Integer(0), True))
+        args, kwargs = self._call_args(node)
+        outs = tuple((key, TensorRef(b.name)) for key, b in zip(variant.out_names, buffers))
+        self.lines.append(
+            ExternKernel(None, _qualified(variant.op), args, kwargs + outs, None, tuple(b.name for b in buffers))
+        )
+        return tuple(buffers) if isinstance(fake, (list, tuple)) else buffers[0]
+
+    def _lower_functional(self, node: torch.fx.Node, op: torch._ops.OpOverload, fake: object) -> object:
+        args, kwargs = self._call_args(node)
+        if fake is None or (isinstance(fake, (list, tuple)) and not fake):
+            self.lines.append(ExternKernel(None, _qualified(op), args, kwargs))
+            return None
+        name = self.fresh()
+        alias_of = self._aliased_root(node, op)
+        if isinstance(fake, torch.Tensor):
+            type_ = self.tensor_type(fake)
+            result = TensorType(type_.dtype, type_.device, type_.sizes)
+            self.lines.append(ExternKernel(name, _qualified(op), args, kwargs, result, (), alias_of))
+            return Buffer(name, type_, alias_of or name, sympy.Integer(0), False)
+        if isinstance(fake, (list, tuple)):
+            types = tuple(
+                TensorType(f.dtype, f.device, self.symbols.shape(f.shape)) if isinstance(f, torch.Tensor) else None
+                for f in fake
+            )
+            self.lines.append(ExternKernel(name, _qualified(op), args, kwargs, types, (), alias_of))
+            return TupleResult(name, types)
+        raise LoweringError(f"node {node.name}: {op} returns {type(fake).__name__}, which is not supported")
+
+    def _aliased_root(self, node: torch.fx.Node, op: torch._ops.OpOverload) -> str | None:
+        returns = op._schema.returns
+        if not (returns and returns[0].alias_info is not None) or not node.args:
+            return None
+        base = self.values.get(node.args[0]) if isinstance(node.args[0], torch.fx.Node) else None
+        return base.root if isinstance(base, Buffer) else None
+
+    def _lower_inplace(self, node: torch.fx.Node, op: torch._ops.OpOverload) -> object:
+        args, kwargs = self._call_args(node)
+        positional = list(node.args)
+        written: list[str] = []
+        results: list[object] = []
+        for index in _mutated_argument_indices(op):
+            argument = op._schema.arguments[index]
+            value = positional[index] if index < len(positional) else node.kwargs.get(argument.name)
+            lowered = self.values.get(value) if isinstance(value, torch.fx.Node) else None
+            if not isinstance(lowered, Buffer):
+                raise LoweringError(f"node {node.name}: {op} mutates an argument that is not a tensor buffer")
+            written.append(lowered.name)
+            results.append(lowered)
+        self.lines.append(ExternKernel(None, _qualified(op), args, kwargs, None, tuple(written)))
+        if len(op._schema.returns) == 0:
+            return None
+        return results[0] if len(op._schema.returns) == 1 else tuple(results)
+
+    # -- output -----------------------------------------------------------------------------
+    def _lower_output(self, node: torch.fx.Node) -> None:
+        values = node.args[0]
+        values = list(values) if isinstance(values, (list, tuple)) else [values]
+        outputs: list[Arg] = []
+        for index, value in enumerate(values):
+            target = self.captured.mutations.get(index)
+            if target is not None:
+                self._write_back(target, value)
+                continue
+            outputs.append(self.to_arg(value))
+        self.lines.append(Output(tuple(outputs)))
+
+    def _write_back(self, placeholder: str, value: object) -> None:
+        """Copy a functionalized mutation's new value back into the input/constant it updates."""
+        destination = next(v for n, v in self.values.items() if n.name == placeholder)
+        assert isinstance(destination, Buffer)
+        source = self.to_arg(value)
+        if source == TensorRef(destination.name):
+            return
+        self.lines.append(ExternKernel(None, "aten::copy_.default", (TensorRef(destination.name), source), (), None, (destination.name,)))
+
+
+def _qualified(op: torch._ops.OpOverload) -> str:
+    return f"{op._schema.name}.{op._overloadname}"
+
+
+def _scalar_kind(value: object) -> type:
+    if isinstance(value, (torch.SymBool, bool)):
+        return bool
+    return int if isinstance(value, (torch.SymInt, int)) else float
+
+
+def _mutated_argument_indices(op: torch._ops.OpOverload) -> list[int]:
+    return [i for i, a in enumerate(op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+
+
+def lower_captured(captured: CapturedGraph, name: str = "forward") -> Program:
+    return GraphLowering(captured, name).lower()

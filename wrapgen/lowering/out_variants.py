@@ -1,0 +1,72 @@
+"""Find an ATen op's `out=` overload, so its results can go into buffers the program allocates."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+# Ops whose out= overload is known not to agree with the functional op in this use.
+_DENYLIST: frozenset[str] = frozenset(
+    {
+        "aten::_to_copy",  # out= ignores the requested memory format/device semantics
+        "aten::lift_fresh_copy",
+        "aten::empty_strided",
+        "aten::empty",
+        "aten::empty_like",
+        "aten::new_empty_strided",
+        "aten::bernoulli",  # random ops: keep the exact functional call
+        "aten::native_dropout",
+        "aten::rand",
+        "aten::randn",
+        "aten::rand_like",
+        "aten::randn_like",
+        "aten::randint",
+    }
+)
+
+
+@dataclass(frozen=True)
+class OutVariant:
+    """The out= overload of a functional op and the keyword names of its out arguments."""
+
+    op: torch._ops.OpOverload
+    out_names: tuple[str, ...]
+
+
+def _signature(schema: torch._C.FunctionSchema) -> tuple[tuple[str, str], ...]:
+    return tuple((a.name, str(a.type)) for a in schema.arguments if not _is_out_arg(a))
+
+
+def _is_out_arg(argument: torch._C.Argument) -> bool:
+    return bool(argument.kwarg_only and argument.alias_info is not None and argument.alias_info.is_write)
+
+
+def is_functional(op: torch._ops.OpOverload) -> bool:
+    """True when the op neither mutates nor aliases its arguments."""
+    schema = op._schema
+    if any(a.alias_info is not None for a in schema.arguments):
+        return False
+    return not any(r.alias_info is not None for r in schema.returns)
+
+
+@functools.cache
+def find_out_variant(op: torch._ops.OpOverload) -> OutVariant | None:
+    """The overload of `op`'s packet that is `op` plus keyword-only out tensors, if any."""
+    schema = op._schema
+    if schema.name in _DENYLIST or not is_functional(op) or not schema.returns:
+        return None
+    if any(str(r.type) != "Tensor" for r in schema.returns):
+        return None
+    wanted = _signature(schema)
+    packet = op.overloadpacket
+    for overload_name in packet.overloads():
+        candidate = getattr(packet, overload_name)
+        cand_schema = candidate._schema
+        outs = [a for a in cand_schema.arguments if _is_out_arg(a)]
+        if len(outs) != len(schema.returns) or any(str(a.type) != "Tensor" for a in outs):
+            continue
+        if _signature(cand_schema) == wanted:
+            return OutVariant(candidate, tuple(a.name for a in outs))
+    return None

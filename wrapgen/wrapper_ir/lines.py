@@ -1,0 +1,408 @@
+"""Wrapper IR line types.
+
+Each line is a frozen dataclass holding only data. A line reports what it reads, defines,
+frees and which size symbols it binds or uses, so passes and the verifier never need to
+know the concrete type; `check()` validates what the line can know about itself, and
+`format()` gives its stable text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import sympy
+import torch
+
+from wrapgen.wrapper_ir.values import (
+    Arg,
+    ResultTypeLike,
+    Shape,
+    TensorRef,
+    TensorType,
+    arg_symbols,
+    arg_tensor_names,
+    dtype_name,
+    format_arg,
+    format_shape,
+    is_floating,
+    shape_symbols,
+)
+
+# Stands for the observed runtime value in a BindSymbol's solving expression.
+OBSERVED = sympy.Symbol("observed", integer=True)
+
+
+class WrapperLine:
+    """Base of all Wrapper IR lines."""
+
+    def defines(self) -> tuple[str, ...]:
+        """Tensor names this line brings into scope."""
+        return ()
+
+    def uses(self) -> tuple[str, ...]:
+        """Tensor names this line reads (or writes in place)."""
+        return ()
+
+    def defined_types(self) -> dict[str, ResultTypeLike]:
+        """The type of each name this line defines (None where the line cannot know it)."""
+        return {name: None for name in self.defines()}
+
+    def frees(self) -> tuple[str, ...]:
+        return ()
+
+    def binds(self) -> tuple[sympy.Symbol, ...]:
+        """Size symbols this line gives a value to."""
+        return ()
+
+    def symbols_used(self) -> set[sympy.Symbol]:
+        return set()
+
+    def check(self) -> None:
+        """Raise ValueError naming what is wrong with the line taken on its own."""
+
+    def format(self) -> str:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+@dataclass(frozen=True)
+class BindSymbol(WrapperLine):
+    """Give `symbol` its value from a program input's size, stride or (scalar) value.
+
+    `expr` computes the symbol from the observed quantity (the symbol `OBSERVED`) and from
+    symbols bound earlier; for a size `2*s0` it is `observed/2`. `min`/`max` are the range
+    the program was compiled for and are checked at call time.
+    """
+
+    symbol: sympy.Symbol
+    source: str
+    kind: Literal["size", "stride", "value"]
+    dim: int | None
+    expr: sympy.Expr
+    min: int = 0
+    max: int | None = None
+
+    def uses(self) -> tuple[str, ...]:
+        return (self.source,)
+
+    def binds(self) -> tuple[sympy.Symbol, ...]:
+        return (self.symbol,)
+
+    def symbols_used(self) -> set[sympy.Symbol]:
+        return set(self.expr.free_symbols) - {OBSERVED}
+
+    def observed_text(self) -> str:
+        if self.kind == "value":
+            return self.source
+        return f"{self.source}.{self.kind}({self.dim})"
+
+    def check(self) -> None:
+        if (self.kind == "value") != (self.dim is None):
+            raise ValueError("a 'value' binding takes no dim; size/stride bindings need one")
+        if self.symbol in self.expr.free_symbols:
+            raise ValueError(f"{self.symbol} is defined in terms of itself")
+
+    def format(self) -> str:
+        observed = self.observed_text()
+        value = observed if self.expr == OBSERVED else str(self.expr).replace("observed", observed)
+        upper = "inf" if self.max is None else str(self.max)
+        return f"bind {self.symbol} = {value}  in [{self.min}, {upper}]"
+
+
+@dataclass(frozen=True)
+class AssertInput(WrapperLine):
+    """Check a tensor input's dtype, device, sizes and strides (None: stride not checked)."""
+
+    name: str
+    dtype: torch.dtype
+    device: torch.device
+    sizes: Shape
+    strides: tuple[sympy.Expr | None, ...]
+
+    def uses(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    def symbols_used(self) -> set[sympy.Symbol]:
+        return shape_symbols(self.sizes) | shape_symbols(tuple(s for s in self.strides if s is not None))
+
+    def check(self) -> None:
+        if len(self.sizes) != len(self.strides):
+            raise ValueError(f"{len(self.sizes)} sizes but {len(self.strides)} strides")
+
+    def format(self) -> str:
+        strides = ", ".join("*" if s is None else str(s) for s in self.strides)
+        return (
+            f"assert_input {self.name}: {dtype_name(self.dtype)}[{format_shape(self.sizes)}]"
+            f" strides [{strides}] {self.device}"
+        )
+
+
+@dataclass(frozen=True)
+class Allocate(WrapperLine):
+    """A new, uninitialized buffer with the given layout."""
+
+    name: str
+    type: TensorType
+
+    def defines(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    def defined_types(self) -> dict[str, ResultTypeLike]:
+        return {self.name: self.type}
+
+    def symbols_used(self) -> set[sympy.Symbol]:
+        return shape_symbols(self.type.sizes) | shape_symbols(self.type.strides)
+
+    def check(self) -> None:
+        if self.type.strides is None or len(self.type.strides) != len(self.type.sizes):
+            raise ValueError("an allocation needs one stride per size")
+
+    def format(self) -> str:
+        return f"{self.name} = allocate {self.type}"
+
+
+@dataclass(frozen=True)
+class Free(WrapperLine):
+    """Release a name; its storage goes when no other name still refers to it."""
+
+    name: str
+
+    def frees(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    def format(self) -> str:
+        return f"free {self.name}"
+
+
+@dataclass(frozen=True)
+class Reinterpret(WrapperLine):
+    """A view of `source`'s storage: sizes, strides, and an offset relative to the source's."""
+
+    name: str
+    source: str
+    dtype: torch.dtype
+    device: torch.device
+    sizes: Shape
+    strides: Shape
+    offset: sympy.Expr = sympy.Integer(0)
+
+    def defines(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    def uses(self) -> tuple[str, ...]:
+        return (self.source,)
+
+    def defined_types(self) -> dict[str, ResultTypeLike]:
+        return {self.name: TensorType(self.dtype, self.device, self.sizes, self.strides)}
+
+    def symbols_used(self) -> set[sympy.Symbol]:
+        return shape_symbols(self.sizes) | shape_symbols(self.strides) | set(sympy.sympify(self.offset).free_symbols)
+
+    def check(self) -> None:
+        if len(self.sizes) != len(self.strides):
+            raise ValueError(f"{len(self.sizes)} sizes but {len(self.strides)} strides")
+
+    def format(self) -> str:
+        return (
+            f"{self.name} = reinterpret {self.source} as {dtype_name(self.dtype)}[{format_shape(self.sizes)}]"
+            f" strides [{format_shape(self.strides)}] offset {self.offset} {self.device}"
+        )
+
+
+@dataclass(frozen=True)
+class ExternKernel(WrapperLine):
+    """A call of a library (ATen) operator, named by its qualified overload (`aten::addmm.out`).
+
+    `name` receives the op's return value (None when it is not needed, e.g. for out= calls).
+    `writes` lists existing buffers the call writes (out= arguments, in-place targets);
+    `alias_of` names the buffer whose storage the result shares, for view-like calls.
+    """
+
+    name: str | None
+    op: str
+    args: tuple[Arg, ...]
+    kwargs: tuple[tuple[str, Arg], ...] = ()
+    result: ResultTypeLike = None
+    writes: tuple[str, ...] = ()
+    alias_of: str | None = None
+
+    def defines(self) -> tuple[str, ...]:
+        return () if self.name is None else (self.name,)
+
+    def defined_types(self) -> dict[str, ResultTypeLike]:
+        return {} if self.name is None else {self.name: self.result}
+
+    def uses(self) -> tuple[str, ...]:
+        names = arg_tensor_names(self.args) + arg_tensor_names(tuple(v for _, v in self.kwargs))
+        return tuple(dict.fromkeys(names))
+
+    def symbols_used(self) -> set[sympy.Symbol]:
+        return arg_symbols(self.args) | arg_symbols(tuple(v for _, v in self.kwargs))
+
+    def check(self) -> None:
+        if "::" not in self.op:
+            raise ValueError(f"operator name {self.op!r} is not qualified (namespace::name.overload)")
+        missing = set(self.writes) - set(self.uses())
+        if missing:
+            raise ValueError(f"writes {sorted(missing)} which are not among its arguments")
+        if self.name is None and self.alias_of is not None:
+            raise ValueError("an unnamed result cannot alias a buffer")
+
+    def format(self) -> str:
+        parts = [format_arg(a) for a in self.args] + [f"{k}={format_arg(v)}" for k, v in self.kwargs]
+        text = f"extern {self.op}({', '.join(parts)})"
+        if self.name is not None:
+            result = self.result
+            kind = (
+                f"({', '.join(str(t) for t in result)})" if isinstance(result, tuple) else str(result)
+            )
+            text = f"{self.name}: {kind} = {text}"
+        if self.writes:
+            text += f"  writes {', '.join(self.writes)}"
+        if self.alias_of is not None:
+            text += f"  aliases {self.alias_of}"
+        return text
+
+
+@dataclass(frozen=True)
+class MultiOutput(WrapperLine):
+    """Pick one tensor out of a tuple-valued result by index path."""
+
+    name: str
+    source: str
+    index: tuple[int, ...]
+    type: TensorType
+
+    def defines(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    def defined_types(self) -> dict[str, ResultTypeLike]:
+        return {self.name: self.type}
+
+    def uses(self) -> tuple[str, ...]:
+        return (self.source,)
+
+    def format(self) -> str:
+        path = "".join(f"[{i}]" for i in self.index)
+        return f"{self.name}: {self.type} = {self.source}{path}"
+
+
+@dataclass(frozen=True)
+class KernelDefinition(WrapperLine):
+    """A generated kernel: its source, in the kernel's own language, is data."""
+
+    name: str
+    language: str
+    source: str
+    metadata: tuple[tuple[str, Arg], ...] = ()
+
+    def format(self) -> str:
+        meta = ", ".join(f"{k}={format_arg(v)}" for k, v in self.metadata)
+        digest = f"{len(self.source.splitlines())} lines"
+        return f"kernel {self.name} [{self.language}] ({digest}){' ' + meta if meta else ''}"
+
+
+@dataclass(frozen=True)
+class SymbolicCallArg(WrapperLine):
+    """Compute an integer expression once on the host and bind it to a fresh symbol."""
+
+    symbol: sympy.Symbol
+    expr: sympy.Expr
+
+    def binds(self) -> tuple[sympy.Symbol, ...]:
+        return (self.symbol,)
+
+    def symbols_used(self) -> set[sympy.Symbol]:
+        return set(self.expr.free_symbols)
+
+    def format(self) -> str:
+        return f"{self.symbol} = {self.expr}"
+
+
+@dataclass(frozen=True)
+class KernelCall(WrapperLine):
+    """Launch a kernel defined by a KernelDefinition with arguments and a launch grid."""
+
+    kernel: str
+    args: tuple[Arg, ...]
+    grid: tuple[sympy.Expr, ...] = ()
+    writes: tuple[str, ...] = ()
+
+    def uses(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(arg_tensor_names(self.args)))
+
+    def symbols_used(self) -> set[sympy.Symbol]:
+        return arg_symbols(self.args) | arg_symbols(self.grid)
+
+    def format(self) -> str:
+        grid = f" grid [{format_shape(self.grid)}]" if self.grid else ""
+        text = f"call {self.kernel}({', '.join(format_arg(a) for a in self.args)}){grid}"
+        return text + (f"  writes {', '.join(self.writes)}" if self.writes else "")
+
+
+@dataclass(frozen=True)
+class AssertFinite(WrapperLine):
+    """Fail the call if a floating-point tensor holds NaN or Inf (a debugging aid)."""
+
+    name: str
+    dtype: torch.dtype
+
+    def uses(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    def check(self) -> None:
+        if not is_floating(self.dtype):
+            raise ValueError(f"{self.name} has dtype {dtype_name(self.dtype)}, which cannot hold NaN")
+
+    def format(self) -> str:
+        return f"assert_finite {self.name}"
+
+
+@dataclass(frozen=True)
+class Comment(WrapperLine):
+    text: str
+
+    def check(self) -> None:
+        if "\n" in self.text:
+            raise ValueError("a comment is one line")
+
+    def format(self) -> str:
+        return f"# {self.text}"
+
+
+@dataclass(frozen=True)
+class Output(WrapperLine):
+    """The program's results, in order: tensors, integer expressions or constants."""
+
+    values: tuple[Arg, ...]
+
+    def uses(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(arg_tensor_names(self.values)))
+
+    def symbols_used(self) -> set[sympy.Symbol]:
+        return arg_symbols(self.values)
+
+    def format(self) -> str:
+        return f"return ({', '.join(format_arg(v) for v in self.values)})"
+
+
+__all__ = [
+    "OBSERVED",
+    "WrapperLine",
+    "BindSymbol",
+    "AssertInput",
+    "Allocate",
+    "Free",
+    "Reinterpret",
+    "ExternKernel",
+    "MultiOutput",
+    "KernelDefinition",
+    "SymbolicCallArg",
+    "KernelCall",
+    "AssertFinite",
+    "Comment",
+    "Output",
+]
