@@ -71,6 +71,8 @@ def capture(model: object, example_inputs: Sequence[object], dynamic: bool) -> C
     module = model if isinstance(model, torch.nn.Module) else _FunctionModule(model)  # type: ignore[arg-type]
     args = tuple(example_inputs)
     dynamic_shapes = _all_dims_dynamic(args) if dynamic else None
+    if dynamic_shapes is not None and isinstance(module, _FunctionModule):
+        dynamic_shapes = (dynamic_shapes,)  # forward(*args) takes them as one tuple
     try:
         exported = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as err:  # torch's own tracing failure: report it as such

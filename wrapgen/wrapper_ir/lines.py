@@ -386,7 +386,8 @@ class Output(WrapperLine):
         return arg_symbols(self.values)
 
     def format(self) -> str:
-        return f"return ({', '.join(format_arg(v) for v in self.values)})"
+        inner = ", ".join(format_arg(v) for v in self.values)
+        return f"return ({inner},)" if len(self.values) == 1 else f"return ({inner})"
 
 
 __all__ = [

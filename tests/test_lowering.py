@@ -1,0 +1,194 @@
+"""Lowering: the shape of the programs it produces, and binding size symbols from inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import sympy
+import torch
+
+import wrapgen
+from wrapgen.backends import PythonEmitter
+from wrapgen.backends.python_runtime import InputMismatchError
+from wrapgen.lowering.symbols import BindingSource, SymbolTable, make_symbol, plan_bindings
+from wrapgen.wrapper_ir import (
+    OBSERVED,
+    Allocate,
+    AssertInput,
+    BindSymbol,
+    Comment,
+    ExternKernel,
+    Free,
+    KernelDefinition,
+    MultiOutput,
+    Output,
+    Program,
+    Reinterpret,
+    SymbolInfo,
+    TensorInput,
+    TensorRef,
+    TensorType,
+    verify,
+)
+
+
+def lines_of(program: Program, kind: type) -> list:
+    return [line for line in program.lines if isinstance(line, kind)]
+
+
+def test_linear_uses_out_variant_into_allocation() -> None:
+    program = wrapgen.lower(torch.nn.Linear(8, 4), (torch.randn(3, 8),))
+    (alloc,) = lines_of(program, Allocate)
+    (call,) = lines_of(program, ExternKernel)
+    assert call.op == "aten::addmm.out"
+    assert dict(call.kwargs)["out"] == TensorRef(alloc.name) and call.writes == (alloc.name,)
+    (view,) = lines_of(program, Reinterpret)  # the weight's transpose is a view, not a copy
+    assert view.strides == (1, 8)
+    assert {c.origin for c in program.constants} == {"weight", "bias"}
+
+
+def test_every_intermediate_is_freed_right_after_its_last_use() -> None:
+    program = wrapgen.lower(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)), (torch.randn(3, 8),))
+    lines = program.lines
+    defined = {n for line in lines for n in line.defines()}
+    freed = {line.name for line in lines_of(program, Free)}
+    returned = set(lines[-1].uses())
+    assert defined - returned == freed
+    for index, line in enumerate(lines):
+        if isinstance(line, Free):
+            later = [other for other in lines[index + 1 :] if line.name in other.uses()]
+            assert not later
+            previous = next(other for other in reversed(lines[:index]) if not isinstance(other, Free))
+            assert line.name in previous.uses() + previous.defines()
+
+
+def test_multi_output_for_tuple_results_without_out_variant() -> None:
+    def f(x):
+        a, b = torch.ops.aten.split_with_sizes.default(x * 2, [2, 3])
+        return torch.ops.aten.native_dropout.default(x, 0.0, True)[0] + 1, a, b
+
+    program = wrapgen.lower(f, (torch.randn(5, 4),))
+    outputs = lines_of(program, MultiOutput)
+    assert outputs, str(program)
+    producer = next(line for line in program.lines if isinstance(line, ExternKernel) and line.name == outputs[0].source)
+    assert isinstance(producer.result, tuple)
+
+
+def test_topk_writes_values_and_indices_buffers() -> None:
+    program = wrapgen.lower(lambda x: torch.topk(x, 2), (torch.randn(4, 6),))
+    (call,) = lines_of(program, ExternKernel)
+    assert call.op == "aten::topk.values" and len(call.writes) == 2
+    types = program.value_types()
+    assert [types[n].dtype for n in call.writes] == [torch.float32, torch.int64]
+
+
+def test_inplace_op_in_aten_graph_is_a_write() -> None:
+    def f(x):
+        y = torch.ops.aten.mul.Tensor(x, 2)
+        torch.ops.aten.add_.Tensor(y, 1)
+        return (y,)
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(f, tracing_mode="fake")(torch.randn(3))
+    program = wrapgen.lower(gm, (torch.randn(3),))
+    (inplace,) = [line for line in lines_of(program, ExternKernel) if line.op == "aten::add_.Tensor"]
+    assert inplace.writes == (inplace.args[0].name,)
+    compiled = wrapgen.compile(gm, (torch.randn(3),))
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), (x * 2 + 1,))
+
+
+def test_input_mutation_is_written_back() -> None:
+    def f(x):
+        x.mul_(3)
+        return x + 1
+
+    program = wrapgen.lower(f, (torch.randn(4),))
+    copies = [line for line in lines_of(program, ExternKernel) if line.op == "aten::copy_.default"]
+    assert copies and copies[0].writes == (program.inputs[0].name,)
+
+
+def test_no_line_carries_target_code() -> None:
+    """Strings in lines are names, qualified op names, kernel source (data) or comments."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.LazyLinear(2))
+    model(torch.randn(1, 3, 8, 8))
+    program = wrapgen.lower(model.eval(), (torch.randn(2, 3, 8, 8),), dynamic=True)
+    identifier = str.isidentifier
+
+    def strings(value):
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, tuple):
+            for item in value:
+                yield from strings(item)
+
+    for line in program.lines:
+        if isinstance(line, (Comment, KernelDefinition)):
+            continue
+        for field in dataclasses.fields(line):
+            for text in strings(getattr(line, field.name)):
+                if field.name == "op":
+                    namespace, _, rest = text.partition("::")
+                    assert identifier(namespace) and all(identifier(p) for p in rest.split(".")), text
+                elif field.name != "kind":
+                    assert identifier(text), f"{type(line).__name__}.{field.name} = {text!r}"
+
+
+# -- symbol binding ------------------------------------------------------------------------
+
+def test_bindings_solve_expressions_of_several_symbols_in_any_order() -> None:
+    s0, s1 = make_symbol("s0"), make_symbol("s1")
+    table = SymbolTable()
+    table._info = {s0: SymbolInfo(s0, 3), s1: SymbolInfo(s1, 2)}  # as if registered from inputs
+    sources = [
+        BindingSource("c", "size", 0, s0 + s1 - 1),  # first input: two unknowns, needs the others
+        BindingSource("b", "size", 0, 2 * s1),  # only source of s1: solved as b.size(0) // 2
+    ]
+    lines = plan_bindings(sources, table)
+    assert [line.symbol for line in lines] == [s1, s0]
+    assert [line.source for line in lines] == ["b", "c"]
+
+    # Emit and run a program that binds this way and checks every size.
+    f32, cpu = torch.float32, torch.device("cpu")
+    c_type = TensorType(f32, cpu, (s0 + s1 - 1,), (sympy.Integer(1),))
+    b_type = TensorType(f32, cpu, (2 * s1,), (sympy.Integer(1),))
+    body = [
+        *lines,
+        AssertInput("c", f32, cpu, c_type.sizes, c_type.strides),
+        AssertInput("b", f32, cpu, b_type.sizes, b_type.strides),
+        Output((s0, s1)),
+    ]
+    program = verify(Program("bind", (TensorInput("c", c_type), TensorInput("b", b_type)), table.infos(), (), tuple(body)))
+    call = PythonEmitter().compile(program).call
+    assert call([torch.zeros(6), torch.zeros(6)]) == (4, 3)  # s1 = 6 // 2, s0 = 6 - 3 + 1
+    with pytest.raises(InputMismatchError, match=r"input b: expected shape \(6,\), got \(7,\)"):
+        call([torch.zeros(6), torch.zeros(7)])  # odd: no s1 with 2*s1 == 7
+
+
+def test_unbindable_symbol_is_reported() -> None:
+    s0, s1 = make_symbol("s0"), make_symbol("s1")
+    table = SymbolTable()
+    table._info = {s0: SymbolInfo(s0, 3), s1: SymbolInfo(s1, 2)}
+    with pytest.raises(wrapgen.LoweringError, match="cannot determine size symbol"):
+        plan_bindings([BindingSource("x", "size", 0, s0 * s1)], table)
+
+
+def test_dynamic_program_binds_from_inputs_and_checks_range() -> None:
+    def f(y, x):  # y comes first and has size 2*s0: s0 must be bound from x
+        return torch.cat([x, x]) + y
+
+    example = (torch.randn(6, 4), torch.randn(3, 4))
+    program = wrapgen.lower(f, example, dynamic=True)
+    binds = {b.symbol: b for b in lines_of(program, BindSymbol)}
+    (s0,) = program.inputs[0].type.sizes[0].free_symbols
+    assert program.inputs[0].type.sizes[0] == 2 * s0
+    assert (binds[s0].source, binds[s0].dim) == (program.inputs[1].name, 0)
+    assert all(b.expr == OBSERVED and b.min == 2 for b in binds.values())
+    compiled = wrapgen.compile(f, example, dynamic=True)
+    for n in (2, 5, 9):
+        y, x = torch.randn(2 * n, 4), torch.randn(n, 4)
+        torch.testing.assert_close(compiled(y, x), f(y, x))
+    with pytest.raises(InputMismatchError, match="input args_0: expected shape"):
+        compiled(torch.randn(7, 4), torch.randn(4, 4))
+    with pytest.raises(InputMismatchError, match=r"size symbol s0 = 1 is outside \[2, inf\]"):
+        compiled(torch.randn(2, 4), torch.randn(1, 4))
