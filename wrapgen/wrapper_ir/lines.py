@@ -18,7 +18,6 @@ from wrapgen.wrapper_ir.values import (
     Arg,
     ResultTypeLike,
     Shape,
-    TensorRef,
     TensorType,
     arg_symbols,
     arg_tensor_names,

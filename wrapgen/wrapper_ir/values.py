@@ -7,7 +7,6 @@ printed, compared and handed to any emitter.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 import sympy
 import torch
@@ -43,25 +42,25 @@ class TensorType:
 
 
 # What a line defines: one tensor, a tuple of results, or something untyped (None).
-ResultTypeLike = Union[TensorType, tuple, None]
+ResultTypeLike = TensorType | tuple | None
 
 # A call argument: a tensor reference, an integer expression, a plain scalar, a torch enum
 # value, or a (possibly nested) tuple of those.
-Arg = Union[
-    TensorRef,
-    sympy.Expr,
-    int,
-    float,
-    bool,
-    complex,
-    str,
-    None,
-    torch.dtype,
-    torch.device,
-    torch.layout,
-    torch.memory_format,
-    tuple,
-]
+Arg = (
+    TensorRef
+    | sympy.Expr
+    | int
+    | float
+    | bool
+    | complex
+    | str
+    | None
+    | torch.dtype
+    | torch.device
+    | torch.layout
+    | torch.memory_format
+    | tuple
+)
 
 _DTYPE_NAMES = {
     torch.float32: "f32",

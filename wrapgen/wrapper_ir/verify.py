@@ -14,7 +14,6 @@ import sympy
 from wrapgen.wrapper_ir.lines import (
     AssertFinite,
     AssertInput,
-    ExternKernel,
     KernelCall,
     KernelDefinition,
     MultiOutput,
