@@ -51,10 +51,11 @@ def test_linear_uses_out_variant_into_allocation() -> None:
 def test_every_intermediate_is_freed_right_after_its_last_use() -> None:
     program = wrapgen.lower(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)), (torch.randn(3, 8),))
     lines = program.lines
-    defined = {n for line in lines for n in line.defines()}
+    owned = {n for line in lines for n in line.defines()} | set(program.input_names())
     freed = {line.name for line in lines_of(program, Free)}
     returned = set(lines[-1].uses())
-    assert defined - returned == freed
+    assert owned - returned == freed
+    assert not freed & {c.name for c in program.constants}
     for index, line in enumerate(lines):
         if isinstance(line, Free):
             later = [other for other in lines[index + 1 :] if line.name in other.uses()]
@@ -192,3 +193,15 @@ def test_dynamic_program_binds_from_inputs_and_checks_range() -> None:
         compiled(torch.randn(7, 4), torch.randn(4, 4))
     with pytest.raises(InputMismatchError, match=r"size symbol s0 = 1 is outside \[2, inf\]"):
         compiled(torch.randn(2, 4), torch.randn(1, 4))
+
+
+def test_specialized_number_input_is_checked_at_call_time() -> None:
+    def f(x, n):
+        return x * n
+
+    compiled = wrapgen.compile(f, (torch.randn(3), 3))
+    assert any(line.format() == f"assert_scalar {compiled.program.inputs[1].name} == 3" for line in compiled.program.lines)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x, 3), x * 3)
+    with pytest.raises(InputMismatchError, match="compiled for the value 3, got 4"):
+        compiled(x, 4)

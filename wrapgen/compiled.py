@@ -31,6 +31,10 @@ class CompiledFunction:
         self._in_spec = in_spec
         self._out_spec = out_spec
         self._output_kind = output_kind
+        # Fast paths for the common case: positional leaf arguments, a tuple of outputs.
+        self._positional = in_spec is None or _is_flat_positional(in_spec)
+        self._arity = in_spec.children_specs[0].num_children if in_spec is not None and self._positional else None
+        self._flat_outputs = out_spec is not None and _is_flat_tuple(out_spec)
 
     @property
     def source(self) -> str:
@@ -38,24 +42,52 @@ class CompiledFunction:
         return self.artifact.source
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._in_spec is None:
-            if kwargs:
-                raise TypeError("this compiled graph takes positional arguments only")
+        if self._positional and not kwargs:
             flat = list(args)
+            if self._arity is not None and len(flat) != self._arity:
+                self._check_structure(args, kwargs)
+        elif self._in_spec is None:
+            raise TypeError("this compiled graph takes positional arguments only")
         else:
-            flat, spec = pytree.tree_flatten((args, kwargs))
-            if spec != self._in_spec:
-                raise TypeError(
-                    f"arguments do not have the structure the program was compiled for:\n"
-                    f"  expected {self._in_spec}\n  got      {spec}"
-                )
-        with torch.no_grad():  # compiled programs are inference programs (training: torch.compile)
+            flat = self._check_structure(args, kwargs)
+        if torch.is_grad_enabled():
+            with torch.no_grad():  # compiled programs are inference programs (training: torch.compile)
+                outputs = self._call(flat)
+        else:
             outputs = self._call(flat)
+        if self._flat_outputs:
+            return tuple(outputs)
         if self._out_spec is not None:
             return pytree.tree_unflatten(list(outputs), self._out_spec)
         if self._output_kind == "single":
             return outputs[0]
         return list(outputs) if self._output_kind == "list" else tuple(outputs)
 
+    def _check_structure(self, args: tuple, kwargs: dict) -> list:
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if spec != self._in_spec:
+            raise TypeError(
+                f"arguments do not have the structure the program was compiled for:\n"
+                f"  expected {self._in_spec}\n  got      {spec}"
+            )
+        return flat
+
     def __repr__(self) -> str:
         return f"CompiledFunction(program={self.program.name!r}, target={self.target!r})"
+
+
+def _is_flat_positional(spec: pytree.TreeSpec) -> bool:
+    """`((leaf, leaf, ...), {})`: positional tensors/numbers and no keyword arguments."""
+    if spec.type is not tuple or spec.num_children != 2:
+        return False
+    positional, keywords = spec.children_specs
+    return (
+        positional.type is tuple
+        and all(child.is_leaf() for child in positional.children_specs)
+        and keywords.type is dict
+        and keywords.num_children == 0
+    )
+
+
+def _is_flat_tuple(spec: pytree.TreeSpec) -> bool:
+    return spec.type is tuple and all(child.is_leaf() for child in spec.children_specs)

@@ -18,20 +18,26 @@ from wrapgen import config
 
 def compile_aten_graph(gm: torch.fx.GraphModule, name: str, target: str | None = None) -> Callable[[list], Any]:
     """Compile one aot_autograd graph to a boxed callable (takes the list of inputs)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     from wrapgen.api import _emit, optimize, resolve_target
     from wrapgen.lowering.capture import capture_aten_graph
     from wrapgen.lowering.graph_lowering import lower_captured
 
-    program = optimize(lower_captured(capture_aten_graph(gm), name))
-    call = _emit(program, resolve_target(target)).call
+    # aot_autograd calls compilers with its fake mode active; the graph's constants (lifted
+    # tensor constants, e.g. the 0.0 of `x[:, 1] = 0.0`) are real tensors and stay real.
+    with unset_fake_temporarily():
+        program = optimize(lower_captured(capture_aten_graph(gm), name))
+        call = _emit(program, resolve_target(target)).call
     call._boxed_call = True  # type: ignore[attr-defined]
     return call
 
 
 def wrapgen_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict[str, Any] | None = None) -> Callable:
     """The dynamo backend. `options` are wrapgen config options (target, debug_dir, ...)."""
-    from torch._decomp import core_aten_decompositions
     from torch._dynamo.backends.common import aot_autograd
+
+    from wrapgen.lowering.decompositions import aot_autograd_table
 
     settings = dict(options or {})
     config.validate(settings)
@@ -47,7 +53,7 @@ def wrapgen_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dic
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
-        decompositions=core_aten_decompositions(),
+        decompositions=aot_autograd_table(),
         keep_inference_input_mutations=True,
     )
     return backend(gm, example_inputs)

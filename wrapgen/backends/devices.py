@@ -28,10 +28,18 @@ class DeviceOverrides:
     def synchronize(self) -> None:
         """Wait for the device from Python (benchmarks)."""
 
+    def python_allocate(self, sizes: str, strides: str, dtype: str, device: str) -> str:
+        """A Python expression that allocates an uninitialized strided tensor."""
+        return f"_empty_strided({sizes}, {strides}, dtype={dtype}, device={device})"
+
 
 @dataclass(frozen=True)
 class CpuOverrides(DeviceOverrides):
     device_type: str = "cpu"
+
+    def python_allocate(self, sizes: str, strides: str, dtype: str, device: str) -> str:
+        # torch's C++ fast path for CPU allocations: no Python argument parsing.
+        return f"empty_strided_cpu({sizes}, {strides}, {dtype})"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from wrapgen.wrapper_ir.lines import (
     Allocate,
     AssertFinite,
     AssertInput,
+    AssertScalar,
     BindSymbol,
     Comment,
     ExternKernel,
@@ -115,24 +116,28 @@ class PythonEmitter(Emitter):
         self.devices: dict[str, str] = {}
         self.allocated: set[str] = set()
         names = ", ".join(program.input_names())
-        self.writeline(f"check_arg_count(args, {len(program.inputs)})")
+        self.writeline(f"if len(args) != {len(program.inputs)}:")
+        with self.indent():
+            self.writeline(f"check_arg_count(args, {len(program.inputs)})")
         if program.inputs:
             self.writeline(f"{names}, = args")
+            self.writeline("args.clear()  # boxed calling convention: inputs can be freed early")
 
     def finish(self, program: Program) -> str:
         header = [
             f"# wrapgen: program {program.name!r}, emitted by {type(self).__name__}",
             "import torch",
             "from wrapgen.backends.python_runtime import (",
-            "    INF, NAN, assert_finite, benchmark, check_arg_count, example_tensor, input_mismatch,",
-            "    resolve_op, symbol_out_of_range,",
+            "    INF, NAN, assert_finite, benchmark, check_arg_count, empty_strided_cpu, example_tensor,",
+            "    input_mismatch, op_callable, scalar_mismatch, symbol_out_of_range,",
             ")",
             "",
+            "_Tensor = torch.Tensor",
             "_as_strided = torch.as_strided",
             "_empty_strided = torch.empty_strided",
         ]
         header += [f"{var} = torch.device({dev!r})" for dev, var in self.devices.items()]
-        header += [f"{var} = resolve_op({op!r})" for op, var in self.ops.items()]
+        header += [f"{var} = op_callable({op!r})" for op, var in self.ops.items()]
         header.append("")
         header.append("# Constants (parameters and buffers), bound by the loader before the first call.")
         header += [f"{c.name} = None" for c in program.constants]
@@ -204,7 +209,7 @@ class PythonEmitter(Emitter):
     def emit_assert_input(self, line: AssertInput) -> None:
         name, device = line.name, self.device_handle(line.device)
         sizes = py_tuple(line.sizes)
-        checks = [f"{name}.shape != {sizes}"]
+        checks = [f"not isinstance({name}, _Tensor)", f"{name}.shape != {sizes}"]
         if all(s is not None for s in line.strides):
             checks.append(f"{name}.stride() != {py_tuple(line.strides)}")
         else:
@@ -215,13 +220,18 @@ class PythonEmitter(Emitter):
         with self.indent():
             self.writeline(f"input_mismatch({name!r}, {name}, {sizes}, {strides}, {line.dtype}, {device})")
 
+    def emit_assert_scalar(self, line: AssertScalar) -> None:
+        self.writeline(f"if {line.name} != {py_value(line.expected)}:")
+        with self.indent():
+            self.writeline(f"scalar_mismatch({line.name!r}, {line.name}, {py_value(line.expected)})")
+
     def emit_allocate(self, line: Allocate) -> None:
         t = line.type
         self.allocated.add(line.name)
-        self.writeline(
-            f"{line.name} = _empty_strided({py_tuple(t.sizes)}, {py_tuple(t.strides or ())}, "
-            f"dtype={t.dtype}, device={self.device_handle(t.device)})"
+        allocation = device_overrides(t.device).python_allocate(
+            py_tuple(t.sizes), py_tuple(t.strides or ()), str(t.dtype), self.device_handle(t.device)
         )
+        self.writeline(f"{line.name} = {allocation}")
 
     def emit_free(self, line: Free) -> None:
         self.writeline(f"del {line.name}")

@@ -25,6 +25,20 @@ def resolve_op(qualified: str) -> torch._ops.OpOverload:
     return getattr(packet, overload or "default")
 
 
+def op_callable(qualified: str) -> Callable:
+    """The dispatcher entry of an operator, without OpOverload's Python-level `__call__` frame."""
+    op = resolve_op(qualified)
+    return getattr(op, "_op", op)
+
+
+def _python_empty_strided_cpu(sizes: tuple, strides: tuple, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty_strided(sizes, strides, dtype=dtype, device="cpu")
+
+
+# torch's allocation fast path (what torch.compile's own wrappers use), where this torch has it.
+empty_strided_cpu = getattr(torch._C._dynamo.guards, "_empty_strided_cpu", _python_empty_strided_cpu)
+
+
 def check_arg_count(args: Sequence, expected: int) -> None:
     if len(args) != expected:
         raise InputMismatchError(f"expected {expected} inputs, got {len(args)}")
@@ -53,6 +67,10 @@ def input_mismatch(
             shown = tuple("*" if s is None else s for s in strides)
             raise InputMismatchError(f"input {name}: expected strides {shown}, got {actual}")
     raise InputMismatchError(f"input {name}: does not match the compiled program")
+
+
+def scalar_mismatch(name: str, value: object, expected: object) -> None:
+    raise InputMismatchError(f"input {name}: the program was compiled for the value {expected!r}, got {value!r}")
 
 
 def symbol_out_of_range(symbol: str, value: int, low: int, high: int | None) -> None:

@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 from torch.export import Dim
+from torch.export._remove_effect_tokens_pass import _remove_effect_tokens
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
 from wrapgen.errors import LoweringError
+from wrapgen.lowering.decompositions import export_table
 
 
 @dataclass
@@ -70,14 +72,23 @@ def capture(model: object, example_inputs: Sequence[object], dynamic: bool) -> C
         return capture_aten_graph(model)
     module = model if isinstance(model, torch.nn.Module) else _FunctionModule(model)  # type: ignore[arg-type]
     args = tuple(example_inputs)
-    dynamic_shapes = _all_dims_dynamic(args) if dynamic else None
+    dynamic_shapes = _all_dims_dynamic(args) if dynamic and args else None  # no inputs: nothing is dynamic
     if dynamic_shapes is not None and isinstance(module, _FunctionModule):
         dynamic_shapes = (dynamic_shapes,)  # forward(*args) takes them as one tuple
     try:
         exported = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as err:  # torch's own tracing failure: report it as such
         raise LoweringError(f"torch.export could not capture the program: {type(err).__name__}: {err}") from err
-    exported = exported.run_decompositions()
+    try:
+        exported = exported.run_decompositions(export_table())
+    except Exception as err:  # torch could not take its own graph down to core ATen
+        raise LoweringError(
+            f"torch.export could not capture the program: run_decompositions: {type(err).__name__}: {err}"
+        ) from err
+    if any(spec.kind == InputKind.TOKEN for spec in exported.graph_signature.input_specs):
+        # Ops with side effects (e.g. linalg's error checks) are threaded through effect
+        # tokens; the program runs them in graph order anyway, so call them directly.
+        exported = _remove_effect_tokens(exported)
     return _from_exported(exported)
 
 

@@ -22,8 +22,11 @@ from wrapgen.lowering.lifetimes import insert_frees, remove_unused_views
 from wrapgen.lowering.out_variants import find_out_variant
 from wrapgen.lowering.symbols import BindingSource, SymbolTable, plan_bindings
 from wrapgen.wrapper_ir.lines import (
+    OBSERVED,
     Allocate,
     AssertInput,
+    AssertScalar,
+    BindSymbol,
     ExternKernel,
     MultiOutput,
     Output,
@@ -76,6 +79,7 @@ class GraphLowering:
         self.values: dict[torch.fx.Node, object] = {}
         self.taken_names: set[str] = set()
         self.counter = 0
+        self.bound_unbacked: set[sympy.Symbol] = set()
 
     # -- naming -------------------------------------------------------------------------
     def fresh(self, prefix: str = "buf") -> str:
@@ -115,16 +119,28 @@ class GraphLowering:
         for node in graph.nodes:
             if node.op == "call_function":
                 self.values[node] = self._lower_call(node)
+                self._bind_data_dependent_sizes(self.values[node])
             elif node.op == "output":
                 self._lower_output(node)
             elif node.op not in ("placeholder", "get_attr"):
                 raise LoweringError(f"node {node.name}: op kind {node.op!r} is not supported")
         bindings = plan_bindings(sources, self.symbols)
-        body = insert_frees(
-            remove_unused_views(self.lines),
-            keep={i.name for i in inputs} | {c.name for c in constants},
-        )
-        return Program(self.name, tuple(inputs), self.symbols.infos(), tuple(constants), tuple(bindings + header_lines + body))
+        # Inputs are freed after their last use too: under the boxed calling convention the
+        # program owns the argument list, so a dropped input can be released early.
+        lines = insert_frees(bindings + header_lines + remove_unused_views(self.lines), keep={c.name for c in constants})
+        return Program(self.name, tuple(inputs), self.symbols.infos(), tuple(constants), tuple(lines))
+
+    def _bind_data_dependent_sizes(self, value: object) -> None:
+        """A result whose size the op chose from the data (nonzero, unique, masked_select, ...)
+        carries an unbacked symbol (u0, ...): bind it from the result, before anything uses it."""
+        for buffer in value if isinstance(value, tuple) else (value,):
+            if not isinstance(buffer, Buffer):
+                continue
+            for dim, size in enumerate(buffer.type.sizes):
+                if isinstance(size, sympy.Symbol) and str(size).startswith("u") and size not in self.bound_unbacked:
+                    info = self.symbols.info(size)
+                    self.lines.append(BindSymbol(size, buffer.name, "size", dim, OBSERVED, info.min, info.max))
+                    self.bound_unbacked.add(size)
 
     def _lower_inputs(self, placeholders: dict[str, torch.fx.Node]) -> tuple[list, list[BindingSource]]:
         inputs: list[TensorInput | ScalarInput] = []
@@ -149,6 +165,8 @@ class GraphLowering:
                 expr = self.symbols.expr(value)
                 if isinstance(expr, sympy.Expr):
                     sources.append(BindingSource(name, "value", None, expr))
+                else:
+                    self.lines.append(AssertScalar(name, expr))
                 # A plain number was specialized by the tracer: the program uses that value.
                 self.values[node] = expr
             else:
@@ -211,8 +229,8 @@ class GraphLowering:
             return view
         if _mutated_argument_indices(target):
             return self._lower_inplace(node, target)
-        out_variant = find_out_variant(target)
-        if out_variant is not None and self._all_allocatable(fake):
+        out_variant = find_out_variant(target, _result_device(fake)) if self._all_allocatable(fake) else None
+        if out_variant is not None:
             return self._lower_out_call(node, out_variant, fake)
         return self._lower_functional(node, target, fake)
 
@@ -241,6 +259,10 @@ class GraphLowering:
             return None
         fakes = fake if isinstance(fake, (list, tuple)) else [fake]
         if not all(isinstance(f, torch.Tensor) and f.dtype == base.type.dtype for f in fakes):
+            return None
+        # A conj / neg view (aten::_conj, aten::_neg_view) is the same memory read through a
+        # flag that a reinterpretation of the storage would drop: keep the op's own call.
+        if any(f.is_conj() != base_fake.is_conj() or f.is_neg() != base_fake.is_neg() for f in fakes):
             return None
         if op._schema.name in _UNANNOTATED_VIEWS and not base_fake.is_contiguous():
             return None
@@ -335,18 +357,31 @@ class GraphLowering:
         values = node.args[0]
         values = list(values) if isinstance(values, (list, tuple)) else [values]
         outputs: list[Arg] = []
+        # A user output that is the very node holding a mutation's new value is the mutated
+        # input itself in eager (`x.add_(1); return x`): return the input after the write-back,
+        # as torch.export's own unlifting does.
+        written_back: dict[torch.fx.Node, str] = {}
         for index, value in enumerate(values):
             target = self.captured.mutations.get(index)
             if target is not None:
                 self._write_back(target, value)
+                if isinstance(value, torch.fx.Node):
+                    written_back.setdefault(value, target)
+                continue
+            if isinstance(value, torch.fx.Node) and value in written_back:
+                outputs.append(TensorRef(self._placeholder_buffer(written_back[value]).name))
                 continue
             outputs.append(self.to_arg(value))
         self.lines.append(Output(tuple(outputs)))
 
-    def _write_back(self, placeholder: str, value: object) -> None:
-        """Copy a functionalized mutation's new value back into the input/constant it updates."""
+    def _placeholder_buffer(self, placeholder: str) -> Buffer:
         destination = next(v for n, v in self.values.items() if n.name == placeholder)
         assert isinstance(destination, Buffer)
+        return destination
+
+    def _write_back(self, placeholder: str, value: object) -> None:
+        """Copy a functionalized mutation's new value back into the input/constant it updates."""
+        destination = self._placeholder_buffer(placeholder)
         source = self.to_arg(value)
         if source == TensorRef(destination.name):
             return
@@ -355,6 +390,11 @@ class GraphLowering:
 
 def _qualified(op: torch._ops.OpOverload) -> str:
     return f"{op._schema.name}.{op._overloadname}"
+
+
+def _result_device(fake: object) -> str:
+    first = fake[0] if isinstance(fake, (list, tuple)) else fake
+    return first.device.type  # _all_allocatable made sure these are tensors
 
 
 def _scalar_kind(value: object) -> type:

@@ -12,7 +12,7 @@ def remove_unused_views(lines: list[WrapperLine]) -> list[WrapperLine]:
 
 
 def insert_frees(lines: list[WrapperLine], keep: set[str]) -> list[WrapperLine]:
-    """Free every name defined by `lines` after its last use, except `keep` and the outputs.
+    """Free every name `lines` mention after its last use, except `keep` and the outputs.
 
     A view keeps its storage alive on its own, so a base is freed after its own last use
     even if views of it live on.
@@ -21,12 +21,9 @@ def insert_frees(lines: list[WrapperLine], keep: set[str]) -> list[WrapperLine]:
     last_use: dict[str, int] = {}
     order: dict[str, int] = {}
     for index, line in enumerate(lines):
-        for name in line.defines():
+        for name in (*line.defines(), *line.uses()):
             order.setdefault(name, len(order))
             last_use[name] = index
-        for name in line.uses():
-            if name in last_use:
-                last_use[name] = index
     frees_after: dict[int, list[str]] = {}
     for name, index in last_use.items():
         if name not in keep and name not in returned:

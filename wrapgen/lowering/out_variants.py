@@ -51,9 +51,27 @@ def is_functional(op: torch._ops.OpOverload) -> bool:
     return not any(r.alias_info is not None for r in schema.returns)
 
 
+# The dispatch key whose kernel runs an op for tensors of a device type.
+_BACKEND_KEYS = {"cpu": "CPU", "cuda": "CUDA", "meta": "Meta"}
+
+
+def has_real_kernel(op: torch._ops.OpOverload, device_type: str) -> bool:
+    """True when `op` has its own kernel for the device (or decomposes into ops that do).
+
+    Many out= overloads only have the generated CompositeExplicitAutograd wrapper, which runs
+    the functional op into a temporary and copies it into `out`: slower than the plain op
+    and heavier on memory, so those are not worth calling.
+    """
+    name = f"{op._schema.name}.{op._overloadname}" if op._overloadname != "default" else op._schema.name
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    key = _BACKEND_KEYS.get(device_type)
+    return (key is not None and has_kernel(name, key)) or has_kernel(name, "CompositeImplicitAutograd")
+
+
 @functools.cache
-def find_out_variant(op: torch._ops.OpOverload) -> OutVariant | None:
-    """The overload of `op`'s packet that is `op` plus keyword-only out tensors, if any."""
+def find_out_variant(op: torch._ops.OpOverload, device_type: str) -> OutVariant | None:
+    """The overload of `op`'s packet that is `op` plus keyword-only out tensors, if one exists
+    with a real kernel for `device_type`."""
     schema = op._schema
     if schema.name in _DENYLIST or not is_functional(op) or not schema.returns:
         return None
@@ -68,5 +86,7 @@ def find_out_variant(op: torch._ops.OpOverload) -> OutVariant | None:
         if len(outs) != len(schema.returns) or any(str(a.type) != "Tensor" for a in outs):
             continue
         if _signature(cand_schema) == wanted:
+            if not has_real_kernel(candidate, device_type):
+                return None
             return OutVariant(candidate, tuple(a.name for a in outs))
     return None

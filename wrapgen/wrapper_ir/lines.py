@@ -140,6 +140,20 @@ class AssertInput(WrapperLine):
 
 
 @dataclass(frozen=True)
+class AssertScalar(WrapperLine):
+    """Check that a number input equals the value the program was specialized for."""
+
+    name: str
+    expected: int | float | bool
+
+    def uses(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    def format(self) -> str:
+        return f"assert_scalar {self.name} == {self.expected!r}"
+
+
+@dataclass(frozen=True)
 class Allocate(WrapperLine):
     """A new, uninitialized buffer with the given layout."""
 
@@ -394,6 +408,7 @@ __all__ = [
     "WrapperLine",
     "BindSymbol",
     "AssertInput",
+    "AssertScalar",
     "Allocate",
     "Free",
     "Reinterpret",

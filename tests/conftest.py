@@ -1,0 +1,30 @@
+"""Shared fixtures: a private artifact cache, a fresh dynamo state per test, a fixed seed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import wrapgen
+
+
+@pytest.fixture(scope="session", autouse=True)
+def wrapgen_cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    """Emitted artifacts go to a temporary directory, never to ~/.cache/wrapgen (session-wide,
+    so module-scoped fixtures that compile use it too)."""
+    cache = tmp_path_factory.mktemp("wrapgen_cache")
+    with wrapgen.config.patch(cache_dir=str(cache)):
+        yield cache
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """torch.compile state (compiled frames, guards, counters) does not leak between tests."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    torch.manual_seed(0)
