@@ -1,0 +1,133 @@
+"""The contenders: eager PyTorch, torch.compile (Inductor) and every registered wrapgen target.
+
+A contender builds a callable from (model, example inputs) inside `caches(root)`, a context
+that gives it fresh, empty compile caches under `root`, so that its first call is a cold
+compile. torch.compile compiles lazily: its build is instant and its first call compiles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+import wrapgen
+
+Build = Callable[[nn.Module, tuple[torch.Tensor, ...]], Callable[..., Any]]
+
+
+@contextlib.contextmanager
+def no_caches(root: str) -> Iterator[None]:
+    yield
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    build: Build
+    caches: Callable[[str], contextlib.AbstractContextManager] = field(default=no_caches)
+    compiles: bool = True  # False for eager: no compile time to report
+
+
+# -- eager -------------------------------------------------------------------------------------
+
+
+def _eager(model: nn.Module, inputs: tuple) -> Callable[..., Any]:
+    return model
+
+
+# -- torch.compile -----------------------------------------------------------------------------
+
+
+def _clear_inductor_caches() -> None:
+    utils = torch._inductor.utils
+    clear = getattr(utils, "clear_caches", None) or getattr(utils, "clear_inductor_caches", None)
+    if clear is not None:
+        clear()
+
+
+@contextlib.contextmanager
+def fresh_inductor_caches(root: str) -> Iterator[None]:
+    """A cold torch.compile: dynamo's state reset, in-memory caches cleared, the on-disk caches
+    (Inductor's and Triton's) pointed at a new empty directory, and Inductor's cache lookups off."""
+    import torch._inductor.config
+    import torch._inductor.utils
+
+    torch._dynamo.reset()
+    directory = tempfile.mkdtemp(prefix="inductor-", dir=root)
+    names = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(directory, "triton")
+    _clear_inductor_caches()
+    try:
+        with torch._inductor.config.patch(force_disable_caches=True):
+            yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _torch_compile(mode: str | None) -> Build:
+    def build(model: nn.Module, inputs: tuple) -> Callable[..., Any]:
+        return torch.compile(model, mode=mode)
+
+    return build
+
+
+# -- wrapgen -----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def fresh_wrapgen_cache(root: str) -> Iterator[None]:
+    with wrapgen.config.patch(cache_dir=tempfile.mkdtemp(prefix="wrapgen-", dir=root)):
+        yield
+
+
+def _wrapgen(target: str) -> Build:
+    def build(model: nn.Module, inputs: tuple) -> Callable[..., Any]:
+        return wrapgen.compile(model, inputs, target=target)
+
+    return build
+
+
+# -- the list ----------------------------------------------------------------------------------
+
+
+def default_contenders(device: str) -> list[Contender]:
+    """eager, torch.compile (default; reduce-overhead on CUDA) and every registered wrapgen target."""
+    contenders = [
+        Contender("eager", _eager, compiles=False),
+        Contender("torch.compile", _torch_compile(None), fresh_inductor_caches),
+    ]
+    if device == "cuda":
+        contenders.append(
+            Contender("torch.compile[reduce-overhead]", _torch_compile("reduce-overhead"), fresh_inductor_caches)
+        )
+    for target in wrapgen.backends.registered_backends():
+        contenders.append(Contender(f"wrapgen[{target}]", _wrapgen(target), fresh_wrapgen_cache))
+    return contenders
+
+
+def select(contenders: list[Contender], names: str | None) -> list[Contender]:
+    """Contenders named in a comma-separated list; `wrapgen` names every `wrapgen[...]` target,
+    `torch.compile` both of its modes. Eager is always kept: it is the reference."""
+    if not names:
+        return contenders
+    tokens = [n.strip() for n in names.split(",") if n.strip()]
+    known = {c.name for c in contenders}
+    for token in tokens:
+        if not any(name == token or name.startswith(token + "[") for name in known):
+            raise ValueError(f"unknown contender {token!r}; contenders are: {', '.join(sorted(known))}")
+    return [
+        c for c in contenders if c.name == "eager" or any(c.name == t or c.name.startswith(t + "[") for t in tokens)
+    ]

@@ -1,0 +1,113 @@
+"""Where and with what a benchmark ran: date, machine, processor, library versions."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import re
+import socket
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+import wrapgen
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except Exception:
+        return None
+    return getattr(triton, "__version__", None)
+
+
+def _git_commit() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    date: str
+    time: str
+    device: str
+    hostname: str
+    cpu: str
+    cores: int
+    torch_threads: int
+    gpu: str | None
+    cuda: str | None
+    python: str
+    torch: str
+    triton: str | None
+    wrapgen: str
+    wrapgen_commit: str | None
+
+    @property
+    def machine(self) -> str:
+        """The machine a result is named after: the GPU on CUDA, the host name on CPU."""
+        return self.gpu if self.device == "cuda" and self.gpu else self.hostname
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def collect(device: str) -> MachineInfo:
+    now = datetime.datetime.now()
+    gpu = torch.cuda.get_device_name() if device == "cuda" and torch.cuda.is_available() else None
+    return MachineInfo(
+        date=now.strftime("%Y-%m-%d"),
+        time=now.strftime("%H:%M:%S"),
+        device=device,
+        hostname=socket.gethostname(),
+        cpu=_cpu_model(),
+        cores=os.cpu_count() or 0,
+        torch_threads=torch.get_num_threads(),
+        gpu=gpu,
+        cuda=torch.version.cuda if device == "cuda" else None,
+        python=platform.python_version(),
+        torch=torch.__version__,
+        triton=_triton_version(),
+        wrapgen=wrapgen.__version__,
+        wrapgen_commit=_git_commit(),
+    )
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")
+
+
+def file_stem(info: MachineInfo, suffix: str = "") -> str:
+    """`bench-<device>-<date>-<machine>-torch<v>[-triton<v>]-wrapgen<v>[suffix]`."""
+    parts = ["bench", info.device, info.date, _slug(info.machine), f"torch{_slug(info.torch)}"]
+    if info.triton:
+        parts.append(f"triton{_slug(info.triton)}")
+    parts.append(f"wrapgen{_slug(info.wrapgen)}")
+    return "-".join(parts) + suffix

@@ -1,0 +1,123 @@
+"""Measurements: device-synchronized run time, peak device memory, copy bandwidth, and the
+check of a contender's output against eager."""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+@dataclass(frozen=True)
+class TimingPlan:
+    """How a run time is measured: `warmup` calls, then `repeats` samples, each the mean of as
+    many back-to-back calls as fill `min_sample_s` (at least one, at most `max_calls`)."""
+
+    repeats: int = 10
+    warmup: int = 3
+    min_sample_s: float = 0.02
+    max_calls: int = 1000
+
+
+def median_time(fn: Callable[[], Any], device: str, plan: TimingPlan) -> float:
+    """Median seconds per call of `fn()` (synchronized before and after each sample)."""
+    for _ in range(plan.warmup):
+        fn()
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    one = max(time.perf_counter() - start, 1e-7)
+    calls = max(1, min(plan.max_calls, math.ceil(plan.min_sample_s / one)))
+    samples = []
+    for _ in range(plan.repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        synchronize(device)
+        samples.append((time.perf_counter() - start) / calls)
+    return statistics.median(samples)
+
+
+def timed_call(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
+    """Run `fn()` once; its result and its synchronized wall time."""
+    synchronize(device)
+    start = time.perf_counter()
+    result = fn()
+    synchronize(device)
+    return result, time.perf_counter() - start
+
+
+def reset_peak_memory(device: str) -> None:
+    if device == "cuda":
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory(device: str) -> int | None:
+    """Peak bytes allocated on the device since `reset_peak_memory` (None on CPU: not measured)."""
+    if device != "cuda":
+        return None
+    synchronize(device)
+    return torch.cuda.max_memory_allocated()
+
+
+def release(device: str) -> None:
+    """Give freed device memory back between contenders (on CPU, Python frees it already)."""
+    if device == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def copy_bandwidth(device: str, nbytes: int, plan: TimingPlan) -> float:
+    """Bytes per second of `dst.copy_(src)` over an `nbytes` buffer (counting read + write)."""
+    numel = nbytes // 4
+    src = torch.randn(numel, device=device)
+    dst = torch.empty_like(src)
+    seconds = median_time(lambda: dst.copy_(src), device, plan)
+    return 2 * numel * 4 / seconds
+
+
+def tensor_bytes(*trees: Any) -> int:
+    """Bytes of every tensor in the given (nested) structures, each storage counted once."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for tree in trees:
+        for leaf in pytree.tree_leaves(tree):
+            if isinstance(leaf, torch.Tensor):
+                key = (leaf.untyped_storage().data_ptr(), leaf.untyped_storage().nbytes())
+                if key not in seen:
+                    seen.add(key)
+                    total += leaf.numel() * leaf.element_size()
+    return total
+
+
+def check_close(actual: Any, expected: Any, rtol: float, atol: float) -> str | None:
+    """None when `actual` matches eager's `expected` (a host copy), else the reason (first lines)."""
+    try:
+        actual = host_copy(actual)
+        if pytree.tree_structure(actual) != pytree.tree_structure(expected):
+            return f"output structure differs: {pytree.tree_structure(actual)} vs {pytree.tree_structure(expected)}"
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+    except AssertionError as error:
+        return " ".join(str(error).split("\n")[:3])
+    return None
+
+
+def host_copy(tree: Any) -> Any:
+    """A copy of the outputs in host memory: later calls cannot overwrite it (CUDA graphs reuse
+    their output buffers) and it takes no device memory."""
+    return pytree.tree_map(lambda t: t.detach().to("cpu", copy=True) if isinstance(t, torch.Tensor) else t, tree)
