@@ -14,7 +14,7 @@ from wrapgen.backends.registry import get_backend
 from wrapgen.compiled import CompiledFunction
 from wrapgen.lowering.capture import CapturedGraph, capture
 from wrapgen.lowering.graph_lowering import lower_captured
-from wrapgen.wrapper_ir.passes import add_finite_checks
+from wrapgen.wrapper_ir.passes import add_finite_checks, plan_memory
 from wrapgen.wrapper_ir.program import Program
 from wrapgen.wrapper_ir.verify import verify
 
@@ -55,6 +55,7 @@ def optimize(program: Program) -> Program:
     config.snapshot()
     if config.check_finite:
         program = add_finite_checks(program)
+    program = plan_memory(verify(program), config.memory_planning)
     return verify(program)
 
 

@@ -33,7 +33,7 @@ class CompiledFunction:
         self._output_kind = output_kind
         # Fast paths for the common case: positional leaf arguments, a tuple of outputs.
         self._positional = in_spec is None or _is_flat_positional(in_spec)
-        self._arity = in_spec.children_specs[0].num_children if in_spec is not None and self._positional else None
+        self._arity = _children(in_spec)[0].num_children if in_spec is not None and self._positional else None
         self._flat_outputs = out_spec is not None and _is_flat_tuple(out_spec)
 
     @property
@@ -80,14 +80,20 @@ def _is_flat_positional(spec: pytree.TreeSpec) -> bool:
     """`((leaf, leaf, ...), {})`: positional tensors/numbers and no keyword arguments."""
     if spec.type is not tuple or spec.num_children != 2:
         return False
-    positional, keywords = spec.children_specs
+    positional, keywords = _children(spec)
     return (
         positional.type is tuple
-        and all(child.is_leaf() for child in positional.children_specs)
+        and all(child.is_leaf() for child in _children(positional))
         and keywords.type is dict
         and keywords.num_children == 0
     )
 
 
 def _is_flat_tuple(spec: pytree.TreeSpec) -> bool:
-    return spec.type is tuple and all(child.is_leaf() for child in spec.children_specs)
+    return spec.type is tuple and all(child.is_leaf() for child in _children(spec))
+
+
+def _children(spec: pytree.TreeSpec) -> list[pytree.TreeSpec]:
+    # torch >= 2.13 spells it children(); older releases expose the children_specs field.
+    children = getattr(spec, "children", None)
+    return list(children()) if callable(children) else list(spec.children_specs)

@@ -24,6 +24,7 @@ class Option:
     env: str
     help: str
     optional: bool = False
+    choices: tuple[str, ...] = ()
 
     def parse_env(self) -> Any:
         raw = os.environ.get(self.env)
@@ -42,6 +43,8 @@ class Option:
             return
         if not isinstance(value, self.kind) or (self.kind is int and isinstance(value, bool)):
             raise TypeError(f"config option {self.name!r} takes a {self.kind.__name__}, got {value!r}")
+        if self.choices and value not in self.choices:
+            raise ValueError(f"config option {self.name!r} is one of {', '.join(self.choices)}; got {value!r}")
 
 
 OPTIONS: dict[str, Option] = {
@@ -51,6 +54,14 @@ OPTIONS: dict[str, Option] = {
         Option("debug_dir", str, None, "WRAPGEN_DEBUG_DIR", "write each graph's IR and emitted code here", True),
         Option("check_finite", bool, False, "WRAPGEN_CHECK_FINITE", "fail a call whose float outputs hold NaN/Inf"),
         Option("cache_dir", str, None, "WRAPGEN_CACHE_DIR", "where emitted artifacts are cached (~/.cache/wrapgen)", True),
+        Option(
+            "memory_planning",
+            str,
+            "reuse",
+            "WRAPGEN_MEMORY_PLANNING",
+            "none: allocate every buffer; reuse: reuse dead buffers; pooled: one pool per device per call",
+            choices=("none", "reuse", "pooled"),
+        ),
     )
 }
 
@@ -58,6 +69,7 @@ target: str = OPTIONS["target"].parse_env()
 debug_dir: str | None = OPTIONS["debug_dir"].parse_env()
 check_finite: bool = OPTIONS["check_finite"].parse_env()
 cache_dir: str | None = OPTIONS["cache_dir"].parse_env()
+memory_planning: str = OPTIONS["memory_planning"].parse_env()
 
 _module = sys.modules[__name__]
 

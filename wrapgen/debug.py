@@ -7,6 +7,7 @@ from pathlib import Path
 
 from wrapgen import config
 from wrapgen.backends.emitter import CompiledArtifact
+from wrapgen.memory_plot import plot_memory_plan
 from wrapgen.wrapper_ir.program import Program
 
 _counter = itertools.count()
@@ -22,4 +23,5 @@ def dump(program: Program, target: str, artifact: CompiledArtifact) -> Path | No
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "program.txt").write_text(str(program))
     (folder / f"code{_SUFFIXES.get(target, '.txt')}").write_text(artifact.source)
+    plot_memory_plan(program, folder / "memory.png")
     return folder

@@ -16,6 +16,7 @@ from wrapgen.backends.emitter import CompiledArtifact, Emitter
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
     Allocate,
+    AllocateFromPool,
     AssertFinite,
     AssertInput,
     AssertScalar,
@@ -26,10 +27,11 @@ from wrapgen.wrapper_ir.lines import (
     MultiOutput,
     Output,
     Reinterpret,
+    ReuseBuffer,
     SymbolicCallArg,
 )
 from wrapgen.wrapper_ir.program import Program, TensorInput
-from wrapgen.wrapper_ir.values import Arg, TensorRef
+from wrapgen.wrapper_ir.values import Arg, TensorRef, TensorType, dtype_name
 
 _PRINTER = PythonPrinter()
 
@@ -114,7 +116,9 @@ class PythonEmitter(Emitter):
         self.depth = 1
         self.ops: dict[str, str] = {}
         self.devices: dict[str, str] = {}
-        self.allocated: set[str] = set()
+        self.allocated: set[str] = set()  # names whose storage starts at offset 0
+        self.pool_views: dict[tuple[str, torch.dtype], str] = {}
+        self.types = program.value_types()
         names = ", ".join(program.input_names())
         self.writeline(f"if len(args) != {len(program.inputs)}:")
         with self.indent():
@@ -233,8 +237,29 @@ class PythonEmitter(Emitter):
         )
         self.writeline(f"{line.name} = {allocation}")
 
+    def emit_reuse_buffer(self, line: ReuseBuffer) -> None:
+        t, source = line.type, self.types.get(line.source)
+        self.allocated.add(line.name)
+        if isinstance(source, TensorType) and (source.dtype, source.sizes, source.strides) == (t.dtype, t.sizes, t.strides):
+            self.writeline(f"{line.name} = {line.source}; del {line.source}  # reuse")
+            return
+        viewed = line.source if isinstance(source, TensorType) and source.dtype == t.dtype else f"{line.source}.view({t.dtype})"
+        self.writeline(f"{line.name} = _as_strided({viewed}, {py_tuple(t.sizes)}, {py_tuple(t.strides or ())}, 0); del {line.source}  # reuse")
+
+    def emit_allocate_from_pool(self, line: AllocateFromPool) -> None:
+        t = line.type
+        key = (line.pool, t.dtype)
+        if key not in self.pool_views:
+            self.pool_views[key] = f"{line.pool}_{dtype_name(t.dtype)}"
+            self.writeline(f"{self.pool_views[key]} = {line.pool}.view({t.dtype})")
+        offset = sympy.simplify(sympy.sympify(line.offset) / t.dtype.itemsize)
+        self.writeline(
+            f"{line.name} = _as_strided({self.pool_views[key]}, {py_tuple(t.sizes)}, {py_tuple(t.strides or ())}, {py_expr(offset)})"
+        )
+
     def emit_free(self, line: Free) -> None:
-        self.writeline(f"del {line.name}")
+        views = [view for (pool, _), view in self.pool_views.items() if pool == line.name]
+        self.writeline(f"del {', '.join([line.name, *views])}")
 
     def emit_reinterpret(self, line: Reinterpret) -> None:
         offset = py_expr(line.offset)

@@ -3,6 +3,7 @@
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
     Allocate,
+    AllocateFromPool,
     AssertFinite,
     AssertInput,
     AssertScalar,
@@ -15,6 +16,7 @@ from wrapgen.wrapper_ir.lines import (
     MultiOutput,
     Output,
     Reinterpret,
+    ReuseBuffer,
     SymbolicCallArg,
     WrapperLine,
 )
@@ -25,6 +27,7 @@ from wrapgen.wrapper_ir.verify import VerificationError, verify
 __all__ = [
     "OBSERVED",
     "Allocate",
+    "AllocateFromPool",
     "AssertFinite",
     "AssertInput",
     "AssertScalar",
@@ -39,6 +42,7 @@ __all__ = [
     "Output",
     "Program",
     "Reinterpret",
+    "ReuseBuffer",
     "ScalarInput",
     "SymbolInfo",
     "SymbolicCallArg",

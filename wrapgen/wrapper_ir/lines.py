@@ -178,6 +178,73 @@ class Allocate(WrapperLine):
 
 
 @dataclass(frozen=True)
+class ReuseBuffer(WrapperLine):
+    """Memory planning: `name` takes over the storage behind `source` (whose name ends here),
+    viewed with a new layout. The storage is at least as large as the layout needs."""
+
+    name: str
+    source: str
+    type: TensorType
+
+    def defines(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    def defined_types(self) -> dict[str, ResultTypeLike]:
+        return {self.name: self.type}
+
+    def uses(self) -> tuple[str, ...]:
+        return (self.source,)
+
+    def frees(self) -> tuple[str, ...]:
+        return (self.source,)
+
+    def symbols_used(self) -> set[sympy.Symbol]:
+        return shape_symbols(self.type.sizes) | shape_symbols(self.type.strides)
+
+    def check(self) -> None:
+        if self.type.strides is None or len(self.type.strides) != len(self.type.sizes):
+            raise ValueError("a reused buffer needs one stride per size")
+        if self.name == self.source:
+            raise ValueError("a buffer cannot reuse itself")
+
+    def format(self) -> str:
+        return f"{self.name} = reuse {self.source} as {self.type}"
+
+
+@dataclass(frozen=True)
+class AllocateFromPool(WrapperLine):
+    """Memory planning: a buffer placed at a byte offset inside a pool (a u8 buffer)."""
+
+    name: str
+    pool: str
+    offset: sympy.Expr
+    type: TensorType
+
+    def defines(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    def defined_types(self) -> dict[str, ResultTypeLike]:
+        return {self.name: self.type}
+
+    def uses(self) -> tuple[str, ...]:
+        return (self.pool,)
+
+    def symbols_used(self) -> set[sympy.Symbol]:
+        return (
+            shape_symbols(self.type.sizes)
+            | shape_symbols(self.type.strides)
+            | set(sympy.sympify(self.offset).free_symbols)
+        )
+
+    def check(self) -> None:
+        if self.type.strides is None or len(self.type.strides) != len(self.type.sizes):
+            raise ValueError("a pooled buffer needs one stride per size")
+
+    def format(self) -> str:
+        return f"{self.name} = from_pool {self.pool} at {self.offset} as {self.type}"
+
+
+@dataclass(frozen=True)
 class Free(WrapperLine):
     """Release a name; its storage goes when no other name still refers to it."""
 
@@ -411,6 +478,8 @@ __all__ = [
     "AssertScalar",
     "Allocate",
     "Free",
+    "ReuseBuffer",
+    "AllocateFromPool",
     "Reinterpret",
     "ExternKernel",
     "MultiOutput",

@@ -133,5 +133,31 @@ def shape_symbols(shape: Shape | None) -> set[sympy.Symbol]:
     return set().union(*(sympy.sympify(e).free_symbols for e in shape))
 
 
+def storage_elements(sizes: Shape, strides: Shape) -> sympy.Expr:
+    """Elements of storage a strided layout spans: 1 + sum((size - 1) * stride), or 0 when empty.
+
+    Sizes of dynamic dims are at least 1 here (symbols are positive), so the formula holds;
+    a static zero size gives 0.
+    """
+    if any(sympy.sympify(size) == 0 for size in sizes):
+        return sympy.Integer(0)
+    return sympy.Integer(1) + sum(((sympy.sympify(n) - 1) * sympy.sympify(s) for n, s in zip(sizes, strides)), sympy.Integer(0))
+
+
+def storage_bytes(type_: TensorType) -> sympy.Expr:
+    """Bytes a tensor type's layout spans (dense layout when it carries no strides)."""
+    strides = type_.strides if type_.strides is not None else contiguous_strides(type_.sizes)
+    return storage_elements(type_.sizes, strides) * type_.dtype.itemsize
+
+
+def contiguous_strides(sizes: Shape) -> Shape:
+    strides: list[sympy.Expr] = []
+    running = sympy.Integer(1)
+    for size in reversed(sizes):
+        strides.insert(0, running)
+        running = running * sympy.Max(sympy.sympify(size), 1)
+    return tuple(strides)
+
+
 def is_floating(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point or dtype.is_complex

@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import sympy
+import torch
 
 from wrapgen.wrapper_ir.lines import (
+    AllocateFromPool,
     AssertFinite,
     AssertInput,
     KernelCall,
@@ -19,6 +21,7 @@ from wrapgen.wrapper_ir.lines import (
     MultiOutput,
     Output,
     Reinterpret,
+    ReuseBuffer,
     WrapperLine,
 )
 from wrapgen.wrapper_ir.program import Program, TensorInput
@@ -133,6 +136,17 @@ def _check_types(state: _State, line: WrapperLine, input_types: dict[str, Tensor
             raise ValueError(f"{line.name} is not a tensor input of the program")
         if (expected.dtype, expected.device) != (line.dtype, line.device):
             raise ValueError(f"checks {line.name} for a dtype/device other than its declaration")
+    elif isinstance(line, ReuseBuffer):
+        source = _tensor_type(state, line.source)
+        if source is not None and (source.dtype.itemsize, source.device) != (line.type.dtype.itemsize, line.type.device):
+            raise ValueError(
+                f"reuses {line.source} ({dtype_name(source.dtype)} {source.device}) for "
+                f"{dtype_name(line.type.dtype)} {line.type.device}: element size/device mismatch"
+            )
+    elif isinstance(line, AllocateFromPool):
+        pool = _tensor_type(state, line.pool)
+        if pool is not None and (pool.dtype, pool.device) != (torch.uint8, line.type.device):
+            raise ValueError(f"pool {line.pool} must be a u8 buffer on {line.type.device}")
     elif isinstance(line, AssertFinite):
         known = _tensor_type(state, line.name)
         if known is not None and known.dtype != line.dtype:

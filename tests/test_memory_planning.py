@@ -1,0 +1,220 @@
+"""Memory planning: buffer reuse, pools, the peak estimate and the picture — never aliasing
+storage that is still in use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sympy
+import torch
+
+import wrapgen
+from wrapgen.wrapper_ir import (
+    OBSERVED,
+    Allocate,
+    AllocateFromPool,
+    AssertInput,
+    BindSymbol,
+    ExternKernel,
+    Free,
+    Output,
+    Program,
+    Reinterpret,
+    ReuseBuffer,
+    SymbolInfo,
+    TensorInput,
+    TensorRef,
+    TensorType,
+    verify,
+)
+from wrapgen.wrapper_ir.passes import peak_memory, plan_memory, pool_buffers, reuse_buffers
+
+CPU, F32 = torch.device("cpu"), torch.float32
+s0 = sympy.Symbol("s0", integer=True, positive=True)
+MODES = ["none", "reuse", "pooled"]
+
+
+def f32(*sizes) -> TensorType:
+    sizes = tuple(sympy.sympify(s) for s in sizes)
+    strides = tuple(sympy.Mul(*sizes[i + 1 :]) for i in range(len(sizes)))
+    return TensorType(F32, CPU, sizes, strides)
+
+
+def relu_into(src: str, dst: str) -> ExternKernel:
+    return ExternKernel(None, "aten::relu.out", (TensorRef(src),), (("out", TensorRef(dst)),), None, (dst,))
+
+
+def program(lines, dynamic: bool = False) -> Program:
+    x = f32(s0, 8) if dynamic else f32(4, 8)
+    header = [BindSymbol(s0, "x", "size", 0, OBSERVED, 1, None)] if dynamic else []
+    header.append(AssertInput("x", F32, CPU, x.sizes, x.strides))
+    symbols = (SymbolInfo(s0, 4, 1),) if dynamic else ()
+    return verify(Program("p", (TensorInput("x", x),), symbols, (), tuple(header + lines)))
+
+
+def reuses(p: Program) -> list[ReuseBuffer]:
+    return [line for line in p.lines if isinstance(line, ReuseBuffer)]
+
+
+def test_dead_buffer_is_reused() -> None:
+    p = program(
+        [
+            Allocate("buf0", f32(4, 8)),
+            relu_into("x", "buf0"),
+            Allocate("buf1", f32(4, 8)),
+            relu_into("buf0", "buf1"),
+            Free("buf0"),
+            Allocate("buf2", f32(8, 4)),
+            relu_into("buf1", "buf2"),
+            Free("buf1"),
+            Output((TensorRef("buf2"),)),
+        ]
+    )
+    planned = verify(reuse_buffers(p))
+    assert [(r.name, r.source) for r in reuses(planned)] == [("buf2", "buf0")]
+    assert Free("buf0") not in planned.lines  # the storage passes to buf2 instead
+    assert peak_memory(planned) == peak_memory(p) == 2 * 4 * 8 * 4
+
+
+def test_refuses_storage_a_live_view_still_uses() -> None:
+    p = program(
+        [
+            Allocate("buf0", f32(4, 8)),
+            relu_into("x", "buf0"),
+            Reinterpret("view", "buf0", F32, CPU, (8, 4), (1, 8)),
+            Free("buf0"),  # the name goes, the storage lives on in `view`
+            Allocate("buf1", f32(4, 8)),
+            relu_into("view", "buf1"),
+            Free("view"),
+            Output((TensorRef("buf1"),)),
+        ]
+    )
+    assert reuses(verify(reuse_buffers(p))) == []
+    pooled = verify(pool_buffers(p))
+    pooled_lines = {line.name: line for line in pooled.lines if isinstance(line, AllocateFromPool)}
+    assert "buf1" not in pooled_lines  # an output keeps its own allocation
+
+
+def test_refuses_storage_an_output_view_refers_to() -> None:
+    p = program(
+        [
+            Allocate("buf0", f32(4, 8)),
+            relu_into("x", "buf0"),
+            Reinterpret("out", "buf0", F32, CPU, (4, 4), (8, 1), sympy.Integer(4)),
+            Free("buf0"),
+            Allocate("buf1", f32(4, 8)),
+            relu_into("x", "buf1"),
+            Free("buf1"),
+            Allocate("buf2", f32(4, 8)),
+            relu_into("x", "buf2"),
+            Output((TensorRef("out"), TensorRef("buf2"))),
+        ]
+    )
+    planned = verify(reuse_buffers(p))
+    assert all(r.source not in ("buf0", "out") for r in reuses(planned))
+    assert [(r.name, r.source) for r in reuses(planned)] == [("buf2", "buf1")]
+    pooled = verify(pool_buffers(p))
+    assert not any(isinstance(line, AllocateFromPool) and line.name == "buf0" for line in pooled.lines)
+
+
+def test_refuses_input_storage_and_other_devices_or_sizes() -> None:
+    p = program(
+        [
+            Allocate("buf0", f32(4, 8)),
+            relu_into("x", "buf0"),
+            Free("x"),  # the input's name is dropped: its storage is the caller's
+            Allocate("buf1", TensorType(F32, torch.device("meta"), (sympy.Integer(4), sympy.Integer(8)), (sympy.Integer(8), sympy.Integer(1)))),
+            Free("buf0"),
+            Allocate("buf2", f32(64, 8)),  # far larger than buf0: no fit
+            Allocate("buf3", f32(1, 8)),  # far smaller: outside the tolerance
+            Output((TensorRef("buf1"), TensorRef("buf2"), TensorRef("buf3"))),
+        ]
+    )
+    assert reuses(verify(reuse_buffers(p))) == []
+
+
+def test_symbolic_sizes_are_compared_with_sympy() -> None:
+    p = program(
+        [
+            Allocate("buf0", f32(s0, 8)),
+            relu_into("x", "buf0"),
+            Allocate("buf1", f32(s0, 8)),
+            relu_into("buf0", "buf1"),
+            Free("buf0"),
+            Allocate("buf2", f32(8, s0)),  # same bytes for every s0
+            relu_into("buf1", "buf2"),
+            Free("buf1"),
+            Allocate("buf3", f32(s0 + 1, 8)),  # may not fit in s0*8 floats: refused
+            Output((TensorRef("buf2"), TensorRef("buf3"))),
+        ],
+        dynamic=True,
+    )
+    planned = verify(reuse_buffers(p))
+    assert [(r.name, r.source) for r in reuses(planned)] == [("buf2", "buf0")]
+    # buf0/buf2 (32*s0 bytes) stays live with buf3 (32*(s0 + 1)); buf1 died before buf3.
+    assert sympy.expand(peak_memory(planned) - (64 * s0 + 32)) == 0
+
+
+def test_pool_offsets_never_overlap_live_buffers() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    pooled = plan_memory(wrapgen.lower(model.eval(), (torch.randn(3, 16),), dynamic=True), "pooled")
+    lines = pooled.lines
+    placed = [(i, line) for i, line in enumerate(lines) if isinstance(line, AllocateFromPool)]
+    assert placed, str(pooled)
+    free_at = {line.name: i for i, line in enumerate(lines) if isinstance(line, Free)}
+    for n in (1, 2, 7, 1000):
+        values = {info.symbol: n for info in pooled.symbols}
+        spans = []
+        for start, line in placed:
+            offset = int(sympy.sympify(line.offset).xreplace(values))
+            nbytes = int((line.type.sizes[0] * line.type.strides[0] * 4).xreplace(values))
+            spans.append((start, free_at[line.name], offset, offset + nbytes))
+        for a in spans:
+            for b in spans:
+                if a is not b and a[0] <= b[1] and b[0] <= a[1]:
+                    assert a[3] <= b[2] or b[3] <= a[2], (n, a, b)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_models_match_eager_in_every_mode(mode: str, dynamic: bool) -> None:
+    torch.manual_seed(0)
+    models = [
+        (torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 16)), (4, 16)),
+        (torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.AvgPool2d(2), torch.nn.Flatten()), (2, 3, 10, 10)),
+        (torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True), (2, 8, 32)),
+    ]
+    for model, shape in models:
+        model = model.eval()
+        with wrapgen.config.patch(memory_planning=mode):
+            compiled = wrapgen.compile(model, (torch.randn(shape),), dynamic=dynamic)
+        assert dict(compiled.program.metadata)["memory planning"] == mode
+        for batch in (shape[0], 3) if dynamic else (shape[0],):
+            x = torch.randn(batch, *shape[1:])
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_peak_estimate_is_printed_with_the_ir() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU()).eval()
+    static = wrapgen.compile(model, (torch.randn(4, 8),))
+    assert "peak memory (bytes): 512" in str(static.program)  # addmm result and relu result: 2 x 4x16 f32
+    dynamic = wrapgen.compile(model, (torch.randn(4, 8),), dynamic=True)
+    peak = dict(dynamic.program.metadata)["peak memory (bytes)"]
+    assert isinstance(peak, sympy.Expr) and {str(s) for s in peak.free_symbols} == {"s0"}
+    assert f"peak memory (bytes): {peak}" in str(dynamic.program)
+
+
+def test_debug_dir_draws_the_memory_plan(tmp_path: Path) -> None:
+    with wrapgen.config.patch(debug_dir=str(tmp_path), memory_planning="pooled"):
+        wrapgen.compile(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval(), (torch.randn(4, 8),))
+    (folder,) = tmp_path.iterdir()
+    picture = folder / "memory.png"
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_memory_planning_option_is_validated() -> None:
+    with pytest.raises(ValueError, match="one of none, reuse, pooled"):
+        with wrapgen.config.patch(memory_planning="greedy"):
+            pass
