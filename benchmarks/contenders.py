@@ -93,9 +93,11 @@ def fresh_wrapgen_cache(root: str) -> Iterator[None]:
         yield
 
 
-def _wrapgen(target: str) -> Build:
+def _wrapgen(target: str, memory_planning: str | None = None) -> Build:
     def build(model: nn.Module, inputs: tuple) -> Callable[..., Any]:
-        return wrapgen.compile(model, inputs, target=target)
+        options = {"memory_planning": memory_planning} if memory_planning else {}
+        with wrapgen.config.patch(**options):
+            return wrapgen.compile(model, inputs, target=target)
 
     return build
 
@@ -115,6 +117,8 @@ def default_contenders(device: str) -> list[Contender]:
         )
     for target in wrapgen.backends.registered_backends():
         contenders.append(Contender(f"wrapgen[{target}]", _wrapgen(target), fresh_wrapgen_cache))
+    # The default memory plan is buffer reuse; the pooled plan is measured beside it once.
+    contenders.append(Contender("wrapgen[python+pooled]", _wrapgen("python", "pooled"), fresh_wrapgen_cache))
     return contenders
 
 
