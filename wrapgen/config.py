@@ -54,6 +54,7 @@ OPTIONS: dict[str, Option] = {
         Option("debug_dir", str, None, "WRAPGEN_DEBUG_DIR", "write each graph's IR and emitted code here", True),
         Option("check_finite", bool, False, "WRAPGEN_CHECK_FINITE", "fail a call whose float outputs hold NaN/Inf"),
         Option("cache_dir", str, None, "WRAPGEN_CACHE_DIR", "where emitted artifacts are cached (~/.cache/wrapgen)", True),
+        Option("kernels", bool, True, "WRAPGEN_KERNELS", "generate fused kernels (C++ on CPU); off: library calls only"),
         Option(
             "memory_planning",
             str,
@@ -69,6 +70,7 @@ target: str = OPTIONS["target"].parse_env()
 debug_dir: str | None = OPTIONS["debug_dir"].parse_env()
 check_finite: bool = OPTIONS["check_finite"].parse_env()
 cache_dir: str | None = OPTIONS["cache_dir"].parse_env()
+kernels: bool = OPTIONS["kernels"].parse_env()
 memory_planning: str = OPTIONS["memory_planning"].parse_env()
 
 _module = sys.modules[__name__]

@@ -32,6 +32,19 @@ class DeviceOverrides:
         """A Python expression that allocates an uninitialized strided tensor."""
         return f"_empty_strided({sizes}, {strides}, dtype={dtype}, device={device})"
 
+    def kernel_languages(self) -> tuple[str, ...]:
+        """Kernel languages this device can build and launch from Python."""
+        return ()
+
+    def python_kernel_loader(self, kernels: list, signatures: dict[str, str]) -> list[str]:
+        """Module-level Python that builds/loads `kernels` (KernelDefinition lines) and binds
+        each to a module variable of the kernel's name, once, at import."""
+        raise NotImplementedError(f"no kernel launcher for device type {self.device_type!r}")
+
+    def python_kernel_launch(self, kernel: str, args: list[tuple[str, bool]]) -> str:
+        """A Python statement launching `kernel`; `args` are (expression, is_tensor) pairs."""
+        raise NotImplementedError(f"no kernel launcher for device type {self.device_type!r}")
+
 
 @dataclass(frozen=True)
 class CpuOverrides(DeviceOverrides):
@@ -40,6 +53,22 @@ class CpuOverrides(DeviceOverrides):
     def python_allocate(self, sizes: str, strides: str, dtype: str, device: str) -> str:
         # torch's C++ fast path for CPU allocations: no Python argument parsing.
         return f"empty_strided_cpu({sizes}, {strides}, {dtype})"
+
+    def kernel_languages(self) -> tuple[str, ...]:
+        return ("cpp",)
+
+    def python_kernel_loader(self, kernels: list, signatures: dict[str, str]) -> list[str]:
+        # All C++ kernels of the program go into one shared library; sources are embedded with
+        # repr(), which is safe for any text (quotes, backslashes, newlines).
+        lines = ["from wrapgen.kernels.cpp.runtime import CppKernels", "", "_cpp_sources = ["]
+        lines += [f"    {k.source!r}," for k in kernels]
+        lines += ["]", "_cpp_kernels = CppKernels(_cpp_sources)"]
+        lines += [f"{k.name} = _cpp_kernels.bind({k.name!r}, {signatures.get(k.name, '')!r})" for k in kernels]
+        return lines
+
+    def python_kernel_launch(self, kernel: str, args: list[tuple[str, bool]]) -> str:
+        # ctypes call of the bound C function: tensors as data pointers (storage offset included).
+        return f"{kernel}({', '.join(f'{a}.data_ptr()' if is_tensor else a for a, is_tensor in args)})"
 
 
 @dataclass(frozen=True)

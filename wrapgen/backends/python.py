@@ -13,6 +13,7 @@ from torch.utils._sympy.printers import PythonPrinter
 from wrapgen.backends.cache import load_python_module, write_cached
 from wrapgen.backends.devices import device_overrides
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
+from wrapgen.errors import UnsupportedLineError
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
     Allocate,
@@ -24,6 +25,8 @@ from wrapgen.wrapper_ir.lines import (
     Comment,
     ExternKernel,
     Free,
+    KernelCall,
+    KernelDefinition,
     MultiOutput,
     Output,
     Reinterpret,
@@ -75,6 +78,14 @@ def py_value(value: Arg) -> str:
     raise TypeError(f"cannot express argument {value!r} of type {type(value).__name__} in Python")
 
 
+def kernel_device(kernel: KernelDefinition) -> str:
+    """The device type a kernel runs on (its metadata's "device", else from its language)."""
+    for key, value in kernel.metadata:
+        if key == "device":
+            return str(value)
+    return "cuda" if kernel.language == "triton" else "cpu"
+
+
 def _evaluate_at_hints(shape: tuple, hints: dict) -> tuple[int, ...]:
     return tuple(int(sympy.sympify(e).xreplace(hints)) for e in shape)
 
@@ -117,6 +128,8 @@ class PythonEmitter(Emitter):
         self.ops: dict[str, str] = {}
         self.devices: dict[str, str] = {}
         self.allocated: set[str] = set()  # names whose storage starts at offset 0
+        self.kernels: list[KernelDefinition] = []
+        self.kernel_signatures: dict[str, str] = {}
         self.pool_views: dict[tuple[str, torch.dtype], str] = {}
         self.types = program.value_types()
         names = ", ".join(program.input_names())
@@ -142,6 +155,7 @@ class PythonEmitter(Emitter):
         ]
         header += [f"{var} = torch.device({dev!r})" for dev, var in self.devices.items()]
         header += [f"{var} = op_callable({op!r})" for op, var in self.ops.items()]
+        header += self.kernel_header()
         header.append("")
         header.append("# Constants (parameters and buffers), bound by the loader before the first call.")
         header += [f"{c.name} = None" for c in program.constants]
@@ -274,6 +288,32 @@ class PythonEmitter(Emitter):
 
     def emit_multi_output(self, line: MultiOutput) -> None:
         self.writeline(f"{line.name} = {line.source}{''.join(f'[{i}]' for i in line.index)}")
+
+    def kernel_header(self) -> list[str]:
+        """Module-level code that builds and binds the program's kernels, once per device."""
+        by_device: dict[str, list[KernelDefinition]] = {}
+        for kernel in self.kernels:
+            by_device.setdefault(kernel_device(kernel), []).append(kernel)
+        lines: list[str] = []
+        for device, kernels in by_device.items():
+            lines += device_overrides(device).python_kernel_loader(kernels, self.kernel_signatures)
+        return lines
+
+    def emit_kernel_definition(self, line: KernelDefinition) -> None:
+        device = kernel_device(line)
+        if line.language not in device_overrides(device).kernel_languages():
+            raise UnsupportedLineError(
+                f"{type(self).__name__} cannot emit line {self.line_number} ({line.format()}): "
+                f"no launcher for {line.language} kernels on {device}"
+            )
+        self.kernels.append(line)
+        calls = [c for c in self.program.lines if isinstance(c, KernelCall) and c.kernel == line.name]
+        self.kernel_signatures[line.name] = "".join("p" if isinstance(a, TensorRef) else "i" for a in calls[0].args) if calls else ""
+
+    def emit_kernel_call(self, line: KernelCall) -> None:
+        definition = next(k for k in self.kernels if k.name == line.kernel)
+        args = [(py_value(a), isinstance(a, TensorRef)) for a in line.args]
+        self.writeline(device_overrides(kernel_device(definition)).python_kernel_launch(line.kernel, args))
 
     def emit_symbolic_call_arg(self, line: SymbolicCallArg) -> None:
         self.writeline(f"{line.symbol} = {py_expr(line.expr)}")

@@ -80,6 +80,7 @@ class GraphLowering:
         self.taken_names: set[str] = set()
         self.counter = 0
         self.bound_unbacked: set[sympy.Symbol] = set()
+        self.tensor_inputs: set[str] = set()
 
     # -- naming -------------------------------------------------------------------------
     def fresh(self, prefix: str = "buf") -> str:
@@ -127,8 +128,13 @@ class GraphLowering:
         bindings = plan_bindings(sources, self.symbols)
         # Inputs are freed after their last use too: under the boxed calling convention the
         # program owns the argument list, so a dropped input can be released early.
-        lines = insert_frees(bindings + header_lines + remove_unused_views(self.lines), keep={c.name for c in constants})
+        body = remove_unused_views(self.finish_body(self.lines))
+        lines = insert_frees(bindings + header_lines + body, keep={c.name for c in constants})
         return Program(self.name, tuple(inputs), self.symbols.infos(), tuple(constants), tuple(lines))
+
+    def finish_body(self, lines: list[WrapperLine]) -> list[WrapperLine]:
+        """Hook for subclasses to rewrite the lowered lines (e.g. place generated kernels)."""
+        return lines
 
     def _bind_data_dependent_sizes(self, value: object) -> None:
         """A result whose size the op chose from the data (nonzero, unique, masked_select, ...)
@@ -153,6 +159,7 @@ class GraphLowering:
             if isinstance(value, torch.Tensor):
                 type_ = self.tensor_type(value)
                 inputs.append(TensorInput(name, type_))
+                self.tensor_inputs.add(name)
                 for dim, size in enumerate(type_.sizes):
                     sources.append(BindingSource(name, "size", dim, size))
                 for dim, stride in enumerate(type_.strides or ()):
@@ -266,10 +273,17 @@ class GraphLowering:
             return None
         if op._schema.name in _UNANNOTATED_VIEWS and not base_fake.is_contiguous():
             return None
+        # as_strided with an explicit storage offset is absolute in its storage; an input's own
+        # offset is known only at call time (and is not checked), so let the op place the view.
+        explicit_offset = len(node.args) > 3 and node.args[3] is not None or node.kwargs.get("storage_offset") is not None
+        if op._schema.name == "aten::as_strided" and explicit_offset and base.root in self.tensor_inputs:
+            return None
         views = []
         for view_fake in fakes:
             type_ = self.tensor_type(view_fake)
-            relative = self.symbols.expr(view_fake.storage_offset()) - self.symbols.expr(base_fake.storage_offset())
+            # Subtract before naming symbols: an input's symbolic storage offset cancels out here
+            # and must not become a program symbol (nothing could bind it).
+            relative = self.symbols.expr(view_fake.storage_offset() - base_fake.storage_offset())
             offset = sympy.simplify(base.root_offset + relative)
             name = self.fresh()
             self.lines.append(Reinterpret(name, base.root, type_.dtype, type_.device, type_.sizes, type_.strides or (), offset))
@@ -408,4 +422,11 @@ def _mutated_argument_indices(op: torch._ops.OpOverload) -> list[int]:
 
 
 def lower_captured(captured: CapturedGraph, name: str = "forward") -> Program:
+    """Lower with generated kernels when `config.kernels` is on, else to library calls only."""
+    from wrapgen import config
+
+    if config.kernels:
+        from wrapgen.lowering.kernel_lowering import KernelGraphLowering
+
+        return KernelGraphLowering(captured, name).lower()
     return GraphLowering(captured, name).lower()

@@ -1,0 +1,233 @@
+"""Generated C++ kernels: fusion counts, golden IR, correctness against eager on fresh inputs
+(broadcasts, non-contiguous inputs, reductions, int/bool dtypes, dynamic shapes), the kernel
+cache, and safe embedding of kernel source in the emitted Python module."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+import wrapgen
+from benchmarks.workloads import WORKLOADS
+from wrapgen.kernels.cpp import build
+from wrapgen.wrapper_ir.lines import ExternKernel, KernelCall, KernelDefinition
+
+
+def kernel_calls(program) -> list[KernelCall]:
+    return [line for line in program.lines if isinstance(line, KernelCall)]
+
+
+def externs(program) -> list[str]:
+    return [line.op for line in program.lines if isinstance(line, ExternKernel)]
+
+
+def check(fn, *inputs, dynamic: bool = False, **tolerances):
+    compiled = wrapgen.compile(fn, inputs, dynamic=dynamic)
+    fresh = tuple(torch.randn_like(t) if t.is_floating_point() else t.clone() for t in inputs)
+    torch.testing.assert_close(compiled(*fresh), fn(*fresh), **tolerances)
+    return compiled
+
+
+# -- fusion counts on the benchmark workloads -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, kernels",
+    [("pointwise_chain", 1), ("layernorm_gelu", 1), ("softmax", 1), ("rmsnorm", 1)],
+)
+def test_workload_fusion_counts(name: str, kernels: int) -> None:
+    model, inputs = WORKLOADS[name].build("cpu", "quick")
+    compiled = wrapgen.compile(model, inputs)
+    assert len(kernel_calls(compiled.program)) == kernels
+    assert externs(compiled.program) == []
+    fresh = tuple(torch.randn_like(t) for t in inputs)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*fresh), model(*fresh))
+
+
+def relu_mul_add(x, y):
+    return torch.relu(x * y + 1.0)
+
+
+def test_golden_ir_of_a_fused_program() -> None:
+    program = wrapgen.lower(relu_mul_add, (torch.randn(4, 8), torch.randn(8)))
+    text = str(program).split("lines:\n", 1)[1]
+    assert text == (
+        "  1  assert_input args_0: f32[4, 8] strides [8, 1] cpu\n"
+        "  2  assert_input args_1: f32[8] strides [1] cpu\n"
+        "  3  kernel cpp_fused_relu_0 [cpp] (13 lines) device='cpu', ops='aten::relu.default'\n"
+        "  4  buf0 = allocate f32[4, 8] strides [8, 1] cpu\n"
+        "  5  call cpp_fused_relu_0(args_0, args_1, buf0)  writes buf0\n"
+        "  6  free args_0\n"
+        "  7  free args_1\n"
+        "  8  return (buf0,)\n"
+    )
+    source = next(line for line in program.lines if isinstance(line, KernelDefinition)).source
+    assert "#pragma omp simd" in source and "t_args_1[x1]" in source  # y broadcast over rows
+
+
+def test_library_calls_stay_and_pointwise_around_them_fuses() -> None:
+    w = torch.randn(8, 16)
+    compiled = check(lambda x: torch.tanh(x @ w) * 2 + 1, torch.randn(4, 8), rtol=1e-4, atol=1e-5)
+    assert externs(compiled.program) == ["aten::mm.out"]
+    assert len(kernel_calls(compiled.program)) == 1
+
+
+def test_kernels_off_gives_library_calls_only() -> None:
+    with wrapgen.config.patch(kernels=False):
+        program = wrapgen.lower(lambda x: torch.relu(x + 1), (torch.randn(4),))
+    assert kernel_calls(program) == [] and externs(program)
+
+
+# -- correctness ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fn, shapes",
+    [
+        (lambda x, y: x + y, [(4, 1), (1, 6)]),
+        (lambda x, y: torch.where(x > 0, x, y * 0.5).exp(), [(3, 5), (5,)]),
+        (lambda x: x.t() * 2 + x.t().sigmoid(), [(5, 3)]),
+        (lambda x: x.permute(2, 0, 1).clamp(-0.5, 0.5) - 1, [(2, 3, 4)]),
+        (lambda x: x[:, 1:5:2].erf() + x[:, 0:1].expand(3, 2), [(3, 8)]),
+        (lambda x: x.view(6, 4).abs().rsqrt(), [(2, 3, 4)]),
+        (lambda x: x.reshape(4, 6).pow(3).tanh() / 2, [(2, 12)]),
+        (lambda x: torch.nn.functional.gelu(x, approximate="tanh") + torch.nn.functional.gelu(x), [(4, 7)]),
+    ],
+    ids=["broadcast", "where", "transpose", "permute_clamp", "slices", "view", "reshape", "gelu"],
+)
+def test_pointwise_and_views(fn, shapes) -> None:
+    check(fn, *(torch.randn(s) for s in shapes))
+
+
+def test_noncontiguous_inputs() -> None:
+    x = torch.randn(6, 4).t()  # strides (1, 4)
+    y = torch.randn(4, 12)[:, ::2]  # strides (12, 2)
+    compiled = wrapgen.compile(lambda a, b: (a * b).sum(1), (x, y))
+    x2, y2 = torch.randn(6, 4).t(), torch.randn(4, 12)[:, ::2]
+    torch.testing.assert_close(compiled(x2, y2), (x2 * y2).sum(1))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.sum(0),
+        lambda x: x.amax(1, keepdim=True) - x,
+        lambda x: x.mean((0, 2)),
+        lambda x: x.amin(-1),
+        lambda x: torch.var(x, dim=1, keepdim=True),
+        lambda x: torch.var(x, dim=(0, 2), correction=0),
+        lambda x: x.prod(1),
+        lambda x: x.sum(),
+        lambda x: torch.log_softmax(x, dim=1),
+        lambda x: torch.softmax(x, dim=0),
+        lambda x: torch.nn.functional.layer_norm(x, (4,)) * 2,
+    ],
+    ids=["sum0", "amax_keepdim", "mean02", "amin", "var_keepdim", "var_multi", "prod", "sum_all",
+         "log_softmax", "softmax_dim0", "layer_norm"],
+)
+def test_reductions(fn) -> None:
+    compiled = check(fn, torch.randn(3, 5, 4), rtol=1e-5, atol=1e-5)
+    assert kernel_calls(compiled.program)
+
+
+def test_max_propagates_nan() -> None:
+    x = torch.randn(4, 8)
+    compiled = wrapgen.compile(lambda t: t.amax(1), (x,))
+    x[1, 3] = float("nan")
+    torch.testing.assert_close(compiled(x), x.amax(1), equal_nan=True)
+
+
+def test_int_and_bool_dtypes() -> None:
+    def fn(a, b, m):
+        s = (a * 3 + b) // 1 if False else a * 3 + b
+        return s, (a > b) & m, torch.where(m, a, -b), s.sum(1), (a == b).any(1), m.logical_not()
+
+    a = torch.randint(-5, 5, (4, 6))
+    b = torch.randint(-5, 5, (4, 6), dtype=torch.int32)
+    m = torch.rand(4, 6) > 0.5
+    compiled = wrapgen.compile(fn, (a, b, m))
+    a2, b2, m2 = torch.randint(-5, 5, (4, 6)), torch.randint(-5, 5, (4, 6), dtype=torch.int32), torch.rand(4, 6) > 0.5
+    torch.testing.assert_close(compiled(a2, b2, m2), fn(a2, b2, m2))
+    assert kernel_calls(compiled.program)
+
+
+def test_casts_full_and_arange() -> None:
+    def fn(x):
+        i = torch.arange(x.shape[1])
+        return x.to(torch.float64) * i + torch.full((x.shape[1],), 2.5), (x > 0).to(torch.int32)
+
+    check(fn, torch.randn(3, 5))
+
+
+@pytest.mark.parametrize("name", ["softmax", "layernorm_gelu"])
+def test_dynamic_shapes(name: str) -> None:
+    model, inputs = WORKLOADS[name].build("cpu", "quick")
+    compiled = wrapgen.compile(model, inputs, dynamic=True)
+    assert compiled.program.symbols
+    for rows, cols in [(3, 17), (8, 64), (5, 33)]:
+        fresh = tuple(torch.randn(rows, cols) for _ in inputs) if name == "softmax" else None
+        if name == "layernorm_gelu":
+            continue  # LayerNorm's weight fixes cols; vary the rows only
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*fresh), model(*fresh))
+    if name == "layernorm_gelu":
+        for rows in (3, 9, 16):
+            fresh = tuple(torch.randn(rows, inputs[0].shape[1]) for _ in inputs)
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(*fresh), model(*fresh))
+
+
+def test_dynamic_view_uses_floor_div() -> None:
+    def fn(x):
+        return (x.reshape(-1) * 2).view(x.shape[1], x.shape[0]).relu()
+
+    compiled = wrapgen.compile(fn, (torch.randn(4, 6),), dynamic=True)
+    for shape in [(3, 5), (7, 2)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), fn(x))
+
+
+# -- build, cache, embedding ----------------------------------------------------------------------
+
+
+def test_second_compile_hits_the_kernel_cache() -> None:
+    def fn(x):
+        return torch.sigmoid(x) * 3.25 - 1
+
+    wrapgen.compile(fn, (torch.randn(5, 7),))
+    compiled_before, hits_before = build.stats["compiled"], build.stats["cache_hits"]
+    wrapgen.compile(fn, (torch.randn(5, 7),))
+    assert build.stats["compiled"] == compiled_before
+    assert build.stats["cache_hits"] > hits_before
+
+
+def test_index_helpers_are_correct_for_negative_operands() -> None:
+    source = (
+        'extern "C" int64_t probe(int64_t a, int64_t b, int64_t which) '
+        "{ return which ? wg_mod(a, b) : wg_floordiv(a, b); }\n"
+    )
+    library = build.load_library([source])
+    probe = library.probe
+    probe.argtypes = [ctypes.c_int64] * 3
+    probe.restype = ctypes.c_int64
+    for a in (-7, -6, -1, 0, 5, 7):
+        for b in (-3, 2, 3):
+            assert probe(a, b, 0) == a // b and probe(a, b, 1) == a % b
+
+
+def test_kernel_source_is_embedded_safely() -> None:
+    program = wrapgen.lower(lambda x: x * 2 + 1, (torch.randn(3),))
+    tricky = '// quotes """ and \'\'\' and a backslash \\ and \\n and \\"\n'
+    lines = tuple(
+        KernelDefinition(line.name, line.language, tricky + line.source, line.metadata)
+        if isinstance(line, KernelDefinition) else line
+        for line in program.lines
+    )
+    artifact = wrapgen.api.build(program.with_lines(lines), "python")
+    embedded = next(line for line in lines if isinstance(line, KernelDefinition)).source
+    assert embedded.startswith(tricky) and repr(embedded) in artifact.source
+    x = torch.randn(3)
+    torch.testing.assert_close(artifact.call([x])[0], x * 2 + 1)

@@ -1,0 +1,75 @@
+"""The scheduler on hand-made compute nodes: can_fuse, score_fusion, ordering, no duplicated reductions."""
+
+from __future__ import annotations
+
+import sympy
+import torch
+
+import wrapgen
+from wrapgen.lowering.loop_ir import Apply, ComputeNode, Load, red_vars, row_vars
+from wrapgen.lowering.scheduler import can_fuse, schedule, score_fusion, start_group
+from wrapgen.wrapper_ir.lines import KernelCall, KernelDefinition
+
+F32 = torch.float32
+x0, x1 = row_vars(2)
+(r0,) = red_vars(1)
+
+
+def pointwise(name: str, source: str, sizes=(4, 8)) -> ComputeNode:
+    index = x0 * sizes[1] + x1 if len(sizes) == 2 else x0
+    return ComputeNode(name, F32, tuple(sympy.Integer(s) for s in sizes), Apply("exp", (Load(source, index, F32),), F32), index)
+
+
+def row_sum(name: str, source: str) -> ComputeNode:
+    body = Load(source, 8 * x0 + r0, F32)
+    return ComputeNode(name, F32, (sympy.Integer(4),), body, x0, "sum", (sympy.Integer(8),),
+                       (sympy.Integer(4), sympy.Integer(8)), (x0, r0), torch.float64)
+
+
+def test_pointwise_fuses_with_same_shape_only() -> None:
+    group = start_group(pointwise("a", "in"))
+    assert can_fuse(group, pointwise("b", "a")) is not None
+    assert can_fuse(group, pointwise("c", "in", sizes=(32,))) is None
+
+
+def test_reduction_takes_in_its_prologue_and_epilogue() -> None:
+    group = start_group(pointwise("a", "in"))
+    fused = can_fuse(group, row_sum("s", "a"))
+    assert fused is not None
+    group, member = fused
+    assert member.level == "reduction" and group.members[0].level == "inner"
+    epilogue = ComputeNode("e", F32, (sympy.Integer(4), sympy.Integer(8)),
+                           Apply("div", (Load("a", 8 * x0 + x1, F32), Load("s", x0, F32)), F32), 8 * x0 + x1)
+    fused = can_fuse(group, epilogue)
+    assert fused is not None and fused[1].level == "inner"
+
+
+def test_read_of_another_element_blocks_fusion() -> None:
+    group = start_group(pointwise("a", "in"))
+    shifted = ComputeNode("b", F32, (sympy.Integer(4), sympy.Integer(8)), Load("a", 8 * x0 + 7 - x1, F32), 8 * x0 + x1)
+    assert can_fuse(group, shifted) is None
+
+
+def test_score_prefers_the_producer() -> None:
+    group = start_group(pointwise("a", "in"))
+    assert score_fusion(group, pointwise("b", "a")) > score_fusion(group, pointwise("c", "other"))
+
+
+def test_a_reader_in_between_keeps_groups_apart() -> None:
+    a, b = pointwise("a", "in"), pointwise("b", "a")
+    # An extern at position 1 reads `a`: fusing `b` (position 2) would move `a` past it.
+    groups = schedule([a, b], {"a": 0, "b": 2}, {"a": [1, 2]})
+    assert len(groups) == 2
+    groups = schedule([a, b], {"a": 0, "b": 2}, {"a": [2]})
+    assert len(groups) == 1
+
+
+def test_layer_norm_reductions_are_computed_once() -> None:
+    model = torch.nn.LayerNorm(16)
+    program = wrapgen.lower(lambda x: (model(x), model(x).sum(-1)), (torch.randn(4, 16),))
+    kernels = [line for line in program.lines if isinstance(line, KernelDefinition)]
+    calls = [line for line in program.lines if isinstance(line, KernelCall)]
+    reductions = sum(k.source.count("reduction(+:") for k in kernels)
+    # two layer norms (mean, variance each) and one sum: five reduction loops, none repeated
+    assert reductions == 5
+    assert len(calls) <= 2

@@ -1,0 +1,14 @@
+"""Kernel code generators: fused loop bodies → kernel source, one generator per language."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+def kernel_codegen(language: str) -> Callable:
+    """The generator for `language`: (group, name, needed buffers, dtypes) -> GeneratedKernel."""
+    if language == "cpp":
+        from wrapgen.kernels.cpp.codegen import generate_cpp
+
+        return generate_cpp
+    raise ValueError(f"no kernel code generator for language {language!r}")

@@ -1,0 +1,140 @@
+"""Build a program's C++ kernels into one shared library, cached on disk, loaded once.
+
+Each kernel compiles to its own object file (in parallel: one g++ process per kernel,
+driven from a thread pool) cached under `cache_dir/cpp/` by a hash of its source, the
+prelude, the compiler's version and the flags; the objects link into one `.so` cached by
+the hash of its objects. A second compile of the same model hits both caches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from wrapgen.backends.cache import cache_root
+from wrapgen.kernels.cpp.prelude import PRELUDE
+
+CXX = os.environ.get("CXX", "g++")
+# -march=native: the library is built on the machine that runs it (the cache key holds the CPU).
+BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-fno-math-errno", "-std=c++17", "-w")
+
+stats = {"compiled": 0, "cache_hits": 0, "linked": 0}
+_loaded: dict[str, ctypes.CDLL] = {}
+_lock = threading.Lock()
+
+
+class KernelCompileError(RuntimeError):
+    """g++ rejected a generated kernel; the message holds the compiler output and the source path."""
+
+
+@functools.cache
+def compiler_id() -> str:
+    """Compiler version and the host CPU's feature flags (what -march=native resolves to)."""
+    version = subprocess.run([CXX, "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = line
+                break
+    except OSError:
+        pass
+    return f"{version}|{platform.machine()}|{hashlib.sha256(flags.encode()).hexdigest()[:16]}"
+
+
+@functools.cache
+def use_mvec() -> bool:
+    """glibc's vector math library: lets loops that call exp/tanh/erf/... vectorize."""
+    return platform.machine() == "x86_64" and ctypes.util.find_library("mvec") is not None
+
+
+def compile_flags() -> tuple[str, ...]:
+    return BASE_FLAGS + (("-DWG_MVEC",) if use_mvec() else ())
+
+
+def _folder() -> Path:
+    folder = cache_root() / "cpp"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _digest(*parts: str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:40]
+
+
+def _run(cmd: list[str], what: str, source_path: Path | None = None) -> None:
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        where = f" (source: {source_path})" if source_path else ""
+        raise KernelCompileError(f"{what} failed{where}:\n{' '.join(cmd)}\n{result.stderr[-4000:]}")
+
+
+def compile_object(source: str) -> Path:
+    """One kernel → object file, unless the cache holds it already."""
+    flags = compile_flags()
+    text = PRELUDE + "\n" + source
+    key = _digest(text, compiler_id(), " ".join(flags))
+    folder = _folder()
+    obj = folder / f"k{key}.o"
+    if obj.exists():
+        with _lock:
+            stats["cache_hits"] += 1
+        return obj
+    src = folder / f"k{key}.cpp"
+    _atomic_write(src, text)
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".o")
+    os.close(fd)
+    _run([CXX, *flags, "-c", str(src), "-o", tmp], "compiling a kernel", src)
+    os.replace(tmp, obj)
+    with _lock:
+        stats["compiled"] += 1
+    return obj
+
+
+def build_library(sources: list[str]) -> Path:
+    """All kernels of one program → one shared library (compiled in parallel, cached)."""
+    workers = max(1, min(len(sources), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        objects = list(pool.map(compile_object, sources))
+    key = _digest(*(o.name for o in objects), "link", " ".join(compile_flags()))
+    library = _folder() / f"lib{key}.so"
+    if not library.exists():
+        fd, tmp = tempfile.mkstemp(dir=library.parent, suffix=".so")
+        os.close(fd)
+        libs = ["-lmvec"] if use_mvec() else []
+        _run([CXX, "-shared", "-fopenmp", *map(str, objects), "-o", tmp, *libs, "-lm"], "linking kernels")
+        os.replace(tmp, library)
+        with _lock:
+            stats["linked"] += 1
+    return library
+
+
+def load_library(sources: list[str]) -> ctypes.CDLL:
+    """Build (or find) and load the library for `sources`; each library is loaded once per process."""
+    path = str(build_library(sources))
+    with _lock:
+        if path not in _loaded:
+            _loaded[path] = ctypes.CDLL(path)
+        return _loaded[path]
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    if path.exists():
+        return
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=path.suffix)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)

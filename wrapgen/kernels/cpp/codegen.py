@@ -1,0 +1,377 @@
+"""A fusion group → one C++ kernel function (extern "C"), OpenMP-parallel over rows.
+
+Layout of the generated function:
+
+    for x0.. (parallel when the work is large)        rows; for pointwise groups the last
+      row-level statements                            row loop is the vectorized (simd) one
+      { accumulators; simd loop over r0..: inner statements, accumulate; finalize }
+      ...                                              one such block per reduction segment
+
+Reductions of float data accumulate in double (see `accumulator_dtype`); max/min carry a
+separate NaN flag so they propagate NaN like eager yet still vectorize.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+from wrapgen.kernels.cpp.printer import cpp_index
+from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, Load, loads, red_vars, row_vars
+from wrapgen.lowering.scheduler import FusionGroup, Member
+
+PARALLEL_THRESHOLD = 32768
+
+CTYPES = {
+    torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+}
+
+
+@dataclass(frozen=True)
+class GeneratedKernel:
+    """Kernel source plus what the launch passes: tensors, then scalars (symbols or host expressions)."""
+
+    name: str
+    source: str
+    tensors: tuple[str, ...]
+    scalars: tuple[sympy.Expr, ...]
+    host_exprs: tuple[sympy.Expr, ...]
+    written: tuple[str, ...]
+    metadata: tuple[tuple[str, object], ...]
+
+
+def _fn(name: str, dtype: torch.dtype) -> str:
+    return f"{name}f" if dtype == torch.float32 else name
+
+
+def _literal(value: object, dtype: torch.dtype) -> str:
+    t = CTYPES[dtype]
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        v = float(value)
+        if math.isnan(v):
+            return f"std::numeric_limits<{t}>::quiet_NaN()"
+        if math.isinf(v):
+            return f"{'' if v > 0 else '-'}std::numeric_limits<{t}>::infinity()"
+        text = repr(v)
+        return f"{text}f" if dtype == torch.float32 else text
+    v = int(value)
+    return f"static_cast<{t}>(INT64_C({v}))"
+
+
+def render_op(op: str, args: list[str], arg_dtypes: list[torch.dtype], dtype: torch.dtype) -> str:
+    """C++ for one op; arguments are variable names or literals of the right type."""
+    t = CTYPES[dtype]
+    a = args[0] if args else ""
+    b = args[1] if len(args) > 1 else ""
+    floating = dtype.is_floating_point
+    simple = {
+        "add": f"{a} + {b}", "sub": f"{a} - {b}", "mul": f"{a} * {b}", "div": f"{a} / {b}",
+        "eq": f"{a} == {b}", "ne": f"{a} != {b}", "lt": f"{a} < {b}", "le": f"{a} <= {b}",
+        "gt": f"{a} > {b}", "ge": f"{a} >= {b}", "and": f"{a} && {b}", "or": f"{a} || {b}",
+        "xor": f"{a} != {b}", "not": f"!{a}", "bitwise_and": f"{a} & {b}", "bitwise_or": f"{a} | {b}",
+        "bitwise_xor": f"{a} ^ {b}", "neg": f"-{a}", "where": f"{a} ? {b} : {args[-1]}",
+        "cast": f"static_cast<{t}>({a})", "maximum": f"wg_maximum<{t}>({a}, {b})",
+        "minimum": f"wg_minimum<{t}>({a}, {b})", "clamp_min": f"std::max<{t}>({a}, {b})",
+        "clamp_max": f"std::min<{t}>({a}, {b})", "relu": f"std::max<{t}>({a}, {t}(0))",
+        "isnan": f"{a} != {a}",
+    }
+    if op in simple:
+        return simple[op]
+    if op == "bitwise_not":
+        return f"!{a}" if dtype == torch.bool else f"~{a}"
+    if op == "abs":
+        return f"std::abs({a})"
+    if op in ("floor", "ceil", "trunc", "round"):
+        if not floating:
+            return a
+        return f"std::nearbyint({a})" if op == "round" else f"std::{op}({a})"
+    if op == "sign":
+        core = f"static_cast<{t}>(({t}(0) < {a}) - ({a} < {t}(0)))"
+        return f"({a} != {a} ? {a} : {core})" if floating else core
+    if op == "sqrt":
+        return f"std::sqrt({a})"
+    if op == "rsqrt":
+        return f"{t}(1) / std::sqrt({a})"
+    if op == "reciprocal":
+        return f"{t}(1) / {a}"
+    if op == "sigmoid":
+        return f"{t}(1) / ({t}(1) + {_fn('exp', dtype)}(-{a}))"
+    if op == "gelu":
+        return f"{t}(0.5) * {a} * ({t}(1) + {_fn('erf', dtype)}({a} * {t}(0.70710678118654752440)))"
+    if op == "gelu_tanh":
+        inner = f"{t}(0.79788456080286535588) * ({a} + {t}(0.044715) * {a} * {a} * {a})"
+        return f"{t}(0.5) * {a} * ({t}(1) + {_fn('tanh', dtype)}({inner}))"
+    if op in ("pow", "atan2"):
+        return f"{_fn(op, dtype)}({a}, {b})"
+    if op == "fmod":
+        return f"std::fmod({a}, {b})"
+    if op == "remainder":
+        return f"({a} - std::floor({a} / {b}) * {b})"
+    if op in ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos",
+              "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf"):
+        return f"{_fn(op, dtype)}({a})"
+    raise NotImplementedError(f"no C++ rendering for op {op!r}")
+
+
+_REDUCE = {
+    # kind: (init, update, omp reduction operator)
+    "sum": ("0", "{acc} += static_cast<{A}>({v});", "+"),
+    "prod": ("1", "{acc} *= static_cast<{A}>({v});", "*"),
+    "max": (None, "{acc} = std::max<{A}>({acc}, {v});", "max"),
+    "min": (None, "{acc} = std::min<{A}>({acc}, {v});", "min"),
+    "any": ("false", "{acc} = {acc} || {v};", "||"),
+    "all": ("true", "{acc} = {acc} && {v};", "&&"),
+}
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.depth = 1
+
+    def line(self, text: str) -> None:
+        self.lines.append("  " * self.depth + text)
+
+
+class CppKernelCodegen:
+    """Generates one kernel for one FusionGroup."""
+
+    def __init__(self, group: FusionGroup, name: str, needed: set[str], dtypes: dict[str, torch.dtype]) -> None:
+        self.group, self.name, self.dtypes = group, name, dtypes
+        self.members = {m.node.name: m for m in group.members}
+        self.counter = 0
+        self.params: dict[str, str] = {}  # buffer -> C parameter name
+        self.written: list[str] = []
+        self.read_from_memory: list[str] = []
+        self.host: dict[sympy.Expr, str] = {}
+        self.symbols: set[sympy.Symbol] = set()
+        self.items = self._segments()
+        self.stored = {n for n in self.members if n in needed} | self._reloaded()
+
+    # -- planning --------------------------------------------------------------------------
+    def _segments(self) -> list[tuple[str, list[Member]]]:
+        items: list[tuple[str, list[Member]]] = []
+        open_segment: list[Member] | None = None
+        for m in self.group.members:
+            if m.level == "row":
+                open_segment = None
+                items.append(("row", [m]))
+                continue
+            deps = {ld.buffer for ld in loads(m.node.body)}
+            if open_segment is not None and not any(
+                p.node.name in deps and p.level == "reduction" for p in open_segment
+            ):
+                open_segment.append(m)
+            else:
+                open_segment = [m]
+                items.append(("segment", open_segment))
+        return items
+
+    def _reloaded(self) -> set[str]:
+        """Inner-level results read in a later segment: those go through memory."""
+        where: dict[str, int] = {}
+        for i, (_, ms) in enumerate(self.items):
+            for m in ms:
+                where[m.node.name] = i
+        out = set()
+        for i, (_, ms) in enumerate(self.items):
+            for m in ms:
+                for ld in loads(m.node.body):
+                    producer = self.members.get(ld.buffer)
+                    if producer is not None and producer.level == "inner" and where[ld.buffer] != i:
+                        out.add(ld.buffer)
+        return out
+
+    # -- names -----------------------------------------------------------------------------
+    def tmp(self) -> str:
+        self.counter += 1
+        return f"v{self.counter}"
+
+    def param(self, buffer: str, write: bool) -> str:
+        if buffer not in self.params:
+            self.params[buffer] = f"t_{buffer}"
+        if write and buffer not in self.written:
+            self.written.append(buffer)
+        if not write and buffer not in self.read_from_memory:
+            self.read_from_memory.append(buffer)
+        return self.params[buffer]
+
+    def index(self, expr: object) -> str:
+        e = sympy.sympify(expr)
+        text = cpp_index(e, hoist=self.size)
+        self.symbols |= {s for s in e.free_symbols if not _is_loop_var(s)}
+        return text
+
+    def size(self, expr: object) -> str:
+        """A loop bound or work size: a literal, a size symbol, or a host-computed parameter."""
+        e = sympy.sympify(expr)
+        if e.is_Integer or e.is_Symbol:
+            return self.index(e)
+        if e not in self.host:
+            self.host[e] = f"h{len(self.host)}"
+        return self.host[e]
+
+    # -- values ----------------------------------------------------------------------------
+    def value(self, body: Body, memo: dict, local: dict[str, str], w: _Writer) -> str:
+        if body in memo:
+            return memo[body]
+        if isinstance(body, Const):
+            return _literal(body.value, body.dtype)
+        if isinstance(body, IndexValue):
+            text = f"static_cast<{CTYPES[body.dtype]}>({self.index(body.expr)})"
+        elif isinstance(body, Load):
+            if body.buffer in local:
+                return local[body.buffer]
+            text = f"{self.param(body.buffer, False)}[{self.index(body.index)}]"
+        else:
+            assert isinstance(body, Apply)
+            args = [self.value(a, memo, local, w) for a in body.args]
+            text = render_op(body.op, args, [a.dtype for a in body.args], body.dtype)
+        name = self.tmp()
+        w.line(f"const {CTYPES[body.dtype]} {name} = {text};")
+        memo[body] = name
+        return name
+
+    def store(self, member: Member, var: str, w: _Writer) -> None:
+        if member.node.name in self.stored:
+            w.line(f"{self.param(member.node.name, True)}[{self.index(member.node.store_index)}] = {var};")
+
+    # -- emission --------------------------------------------------------------------------
+    def generate(self) -> GeneratedKernel:
+        g = self.group
+        body = _Writer()
+        work = sympy.Mul(*g.rows, *g.reduced) if (g.rows or g.reduced) else sympy.Integer(1)
+        parallel = self._parallel_clause(work)
+        xs, local, memo = row_vars(len(g.rows)), {}, {}
+        for d, (x, extent) in enumerate(zip(xs, g.rows)):
+            last = d == len(xs) - 1
+            if not g.reduced and last:
+                pragma = f"#pragma omp parallel for simd{parallel}" if d == 0 and parallel is not None else "#pragma omp simd"
+                body.line(pragma)
+            elif d == 0 and parallel is not None:
+                collapse = len(xs) if g.reduced else len(xs) - 1
+                clause = f" collapse({collapse})" if collapse > 1 else ""
+                body.line(f"#pragma omp parallel for{clause}{parallel}")
+            body.line(f"for (int64_t {x} = 0; {x} < {self.size(extent)}; ++{x}) {{")
+            body.depth += 1
+        if not xs:
+            body.line("{")
+            body.depth += 1
+        for kind, ms in self.items:
+            if kind == "row":
+                m = ms[0]
+                var = self.value(m.node.body, memo, local, body)
+                local[m.node.name] = var
+                self.store(m, var, body)
+            else:
+                self.segment(ms, memo, local, body)
+        for _ in range(max(len(xs), 1)):
+            body.depth -= 1
+            body.line("}")
+        return self._finish(body)
+
+    def _parallel_clause(self, work: sympy.Expr) -> str | None:
+        if not self.group.rows:
+            return None
+        if work.is_Integer:
+            return "" if int(work) >= PARALLEL_THRESHOLD else None
+        return f" if({self.size(work)} >= {PARALLEL_THRESHOLD})"
+
+    def segment(self, members: list[Member], memo: dict, local: dict[str, str], w: _Writer) -> None:
+        """One pass over the reduced dimensions: accumulate its reductions, run its inner members."""
+        reductions = [m for m in members if m.level == "reduction"]
+        results = {}
+        for m in reductions:
+            results[m.node.name] = f"red{self.tmp()}"
+            w.line(f"{CTYPES[m.node.dtype]} {results[m.node.name]};")
+        w.line("{")
+        w.depth += 1
+        accs: dict[str, tuple[str, str | None]] = {}
+        clauses = []
+        for m in reductions:
+            acc, nan = self.tmp(), None
+            init, _, op = _REDUCE[m.node.reduction]
+            if init is None:
+                init = _extreme(m.node.acc_dtype, m.node.reduction)
+                if m.node.dtype.is_floating_point:
+                    nan = self.tmp()
+                    w.line(f"int {nan} = 0;")
+                    clauses.append(f"reduction(|:{nan})")
+            w.line(f"{CTYPES[m.node.acc_dtype]} {acc} = {init};")
+            clauses.append(f"reduction({op}:{acc})")
+            accs[m.node.name] = (acc, nan)
+        rs = red_vars(len(self.group.reduced))
+        for d, (r, extent) in enumerate(zip(rs, self.group.reduced)):
+            if d == len(rs) - 1:
+                w.line(" ".join(["#pragma omp simd", *clauses]))
+            w.line(f"for (int64_t {r} = 0; {r} < {self.size(extent)}; ++{r}) {{")
+            w.depth += 1
+        inner_memo, inner_local = dict(memo), dict(local)
+        for m in members:
+            var = self.value(m.node.body, inner_memo, inner_local, w)
+            if m.level == "inner":
+                inner_local[m.node.name] = var
+                self.store(m, var, w)
+                continue
+            acc, nan = accs[m.node.name]
+            w.line(_REDUCE[m.node.reduction][1].format(acc=acc, v=var, A=CTYPES[m.node.acc_dtype]))
+            if nan is not None:
+                w.line(f"{nan} |= ({var} != {var});")
+        for _ in rs:
+            w.depth -= 1
+            w.line("}")
+        for m in reductions:
+            acc, nan = accs[m.node.name]
+            t = CTYPES[m.node.dtype]
+            result = f"static_cast<{t}>({acc})"
+            if nan is not None:
+                result = f"{nan} ? std::numeric_limits<{t}>::quiet_NaN() : {result}"
+            w.line(f"{results[m.node.name]} = {result};")
+        w.depth -= 1
+        w.line("}")
+        for m in reductions:
+            local[m.node.name] = results[m.node.name]
+            self.store(m, results[m.node.name], w)
+
+    def _finish(self, body: _Writer) -> GeneratedKernel:
+        tensors = list(dict.fromkeys(self.read_from_memory + self.written))
+        params = []
+        for t in tensors:
+            ctype = CTYPES[self.dtypes[t]]
+            if t in self.written:
+                params.append(f"{ctype}* __restrict__ {self.params[t]}")
+            else:
+                params.append(f"const {ctype}* __restrict__ {self.params[t]}")
+        symbols = sorted(self.symbols, key=str)
+        params += [f"int64_t {s}" for s in symbols]
+        host = list(self.host)
+        params += [f"int64_t {self.host[e]}" for e in host]
+        head = f'extern "C" void {self.name}({", ".join(params)}) {{'
+        source = "\n".join([head, *body.lines, "}"]) + "\n"
+        origins = ",".join(dict.fromkeys(m.node.origin for m in self.group.members if m.node.origin))
+        metadata = (("device", "cpu"), ("ops", origins))
+        return GeneratedKernel(self.name, source, tuple(tensors), tuple(symbols) + tuple(host), tuple(host), tuple(self.written), metadata)
+
+
+def _extreme(dtype: torch.dtype, kind: str) -> str:
+    t = CTYPES[dtype]
+    if dtype == torch.bool:
+        return "false" if kind == "max" else "true"
+    if dtype.is_floating_point:
+        return f"{'-' if kind == 'max' else ''}std::numeric_limits<{t}>::infinity()"
+    return f"std::numeric_limits<{t}>::{'lowest' if kind == 'max' else 'max'}()"
+
+
+def _is_loop_var(s: sympy.Symbol) -> bool:
+    name = str(s)
+    return name[:1] in ("x", "r") and name[1:].isdigit()
+
+
+def generate_cpp(group: FusionGroup, name: str, needed: set[str], dtypes: dict[str, torch.dtype]) -> GeneratedKernel:
+    return CppKernelCodegen(group, name, needed, dtypes).generate()

@@ -1,0 +1,289 @@
+"""Graph lowering with generated kernels: ops with a loop lowering become fused kernels.
+
+`KernelGraphLowering` walks the graph like `GraphLowering`. An op with a loop lowering
+(`loop_ops`) becomes a `LoopValue`, inlined into its consumers; it is materialized (a
+`ComputeNode` writing an allocated buffer) only when something other than a loop lowering
+reads it, and reductions always are. Each materialization leaves a placeholder line; when
+the walk ends the scheduler groups the compute nodes, the kernel code generator writes one
+kernel per group, and the placeholders become `KernelDefinition` / `KernelCall` lines.
+Everything else stays a library call, exactly as in `GraphLowering`.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import sympy
+import torch
+import torch.fx
+
+from wrapgen.lowering.graph_lowering import Buffer, GraphLowering, _mutated_argument_indices
+from wrapgen.lowering.loop_ir import ComputeNode, Const, IndexValue, Load, LoopValue, loads, red_vars, row_vars, size
+from wrapgen.lowering.loop_ops import LOWERINGS, VIEW_OPS, op_key, supported
+from wrapgen.lowering.scheduler import FusionGroup, schedule
+from wrapgen.wrapper_ir.lines import (
+    OBSERVED,
+    Allocate,
+    BindSymbol,
+    KernelCall,
+    KernelDefinition,
+    SymbolicCallArg,
+    WrapperLine,
+)
+from wrapgen.wrapper_ir.values import TensorRef, TensorType
+
+# A pointwise value read by several consumers is computed once into a buffer when its
+# expression is larger than this (else it is recomputed in each consumer).
+INLINE_LIMIT = 48
+
+
+@dataclass(frozen=True)
+class PendingCompute(WrapperLine):
+    """Placeholder for a compute node until the scheduler has placed its kernel; never emitted."""
+
+    name: str
+    reads: tuple[str, ...]
+
+    def uses(self) -> tuple[str, ...]:
+        return self.reads
+
+    def format(self) -> str:
+        return f"pending {self.name}({', '.join(self.reads)})"
+
+
+def contiguous_strides(sizes: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
+    strides, running = [], sympy.Integer(1)
+    for s in reversed(sizes):
+        strides.append(running)
+        running = running * s
+    return tuple(reversed(strides))
+
+
+def _linear(index: tuple, strides: tuple) -> sympy.Expr:
+    return sympy.expand(sum((i * s for i, s in zip(index, strides)), sympy.Integer(0)))
+
+
+class KernelGraphLowering(GraphLowering):
+    """GraphLowering that generates fused kernels for what `loop_ops` can lower."""
+
+    def __init__(self, captured, name: str = "forward", language: str = "cpp") -> None:
+        super().__init__(captured, name)
+        self.language = language
+        self.loop_nodes: set[torch.fx.Node] = set()
+        self.compute: dict[str, ComputeNode] = {}
+        self.stride_symbols: dict[tuple[str, int], sympy.Symbol] = {}
+        self.call_symbols: dict[sympy.Expr, sympy.Symbol] = {}
+
+    # -- planning ------------------------------------------------------------------------
+    def lower(self):
+        self._plan(self.captured.graph_module.graph)
+        return super().lower()
+
+    def _plan(self, graph: torch.fx.Graph) -> None:
+        nodes = [n for n in graph.nodes if n.op == "call_function"]
+        if any(isinstance(n.target, torch._ops.OpOverload) and _mutated_argument_indices(n.target) for n in nodes):
+            return  # a deferred (inlined) read could move past a write: keep library calls
+        loop = set()
+        for n in nodes:
+            if n.target is operator.getitem:
+                if n.args[0] in loop:
+                    loop.add(n)
+            elif supported(n):
+                loop.add(n)
+        for n in reversed(nodes):  # a view is an index remap only if only loop code reads it
+            if n in loop and op_key(n) in VIEW_OPS and any(u not in loop for u in n.users):
+                loop.discard(n)
+        self.loop_nodes = loop
+
+    # -- the walk ------------------------------------------------------------------------
+    def _lower_call(self, node: torch.fx.Node) -> object:
+        if node not in self.loop_nodes:
+            return super()._lower_call(node)
+        if node.target is operator.getitem:
+            value = self.values[node.args[0]][node.args[1]]
+        else:
+            value = LOWERINGS[op_key(node)](self, node)
+        if isinstance(value, tuple):
+            return value
+        external = any(u not in self.loop_nodes for u in node.users)
+        shared = len(node.users) > 1 and op_key(node) not in VIEW_OPS and size(value.body) > INLINE_LIMIT
+        if external or shared:
+            return self.realize(value, node.meta["val"], op_key(node) or "getitem")
+        return value
+
+    # -- LoopContext ---------------------------------------------------------------------
+    def shape(self, values: object) -> tuple[sympy.Expr, ...]:
+        return self.symbols.shape(values)
+
+    def value(self, arg: object) -> LoopValue:
+        lowered = self.values[arg] if isinstance(arg, torch.fx.Node) else arg
+        if isinstance(lowered, LoopValue):
+            return lowered
+        if isinstance(lowered, Buffer):
+            return self.load(lowered)
+        if isinstance(lowered, sympy.Basic):
+            return LoopValue((), IndexValue(lowered, torch.int64), torch.int64)
+        if isinstance(lowered, (bool, int, float)):
+            dtype = torch.bool if isinstance(lowered, bool) else torch.int64 if isinstance(lowered, int) else torch.float64
+            return LoopValue((), Const(lowered, dtype), dtype)
+        raise TypeError(f"cannot read {arg!r} in a loop body")
+
+    def load(self, buffer: Buffer) -> LoopValue:
+        sizes = buffer.type.sizes
+        strides = []
+        for d, s in enumerate(sizes):
+            if sympy.sympify(s) == 1:
+                strides.append(sympy.Integer(0))
+            elif buffer.fixed_layout:
+                strides.append(buffer.type.strides[d])
+            else:
+                strides.append(self._stride_symbol(buffer.name, d))
+        index = _linear(row_vars(len(sizes)), tuple(strides))
+        return LoopValue(sizes, Load(buffer.name, index, buffer.type.dtype), buffer.type.dtype)
+
+    def _stride_symbol(self, name: str, dim: int) -> sympy.Symbol:
+        """A library call chose this buffer's layout: read its stride at run time."""
+        key = (name, dim)
+        if key not in self.stride_symbols:
+            symbol = sympy.Symbol(self._fresh_symbol_name("st"), integer=True)
+            self.stride_symbols[key] = symbol
+            self.lines.append(BindSymbol(symbol, name, "stride", dim, OBSERVED))
+        return self.stride_symbols[key]
+
+    def _fresh_symbol_name(self, prefix: str) -> str:
+        name = self.fresh(prefix)
+        return name
+
+    def realize(self, value: LoopValue, fake: torch.Tensor, origin: str) -> Buffer:
+        """Compute `value` into a buffer with the layout torch gives the op's result."""
+        name = self.fresh()
+        type_ = self.tensor_type(fake)
+        if not self._dense(type_):
+            type_ = TensorType(type_.dtype, type_.device, type_.sizes, contiguous_strides(type_.sizes))
+        self.lines.append(Allocate(name, type_))
+        store = _linear(row_vars(len(type_.sizes)), type_.strides)
+        self._add_compute(ComputeNode(name, value.dtype, type_.sizes, value.body, store, origin=origin))
+        return Buffer(name, type_, name, sympy.Integer(0), True)
+
+    def reduce(self, value: LoopValue, dims: tuple[int, ...], keepdim: bool, kind: str, dtype: torch.dtype, origin: str) -> LoopValue:
+        sizes = value.sizes
+        kept = [d for d in range(len(sizes)) if d not in dims]
+        rows = tuple(sizes[d] for d in kept)
+        reduced = tuple(sizes[d] for d in dims)
+        xs, rs = iter(row_vars(len(rows))), iter(red_vars(len(reduced)))
+        index = tuple(next(rs) if d in dims else next(xs) for d in range(len(sizes)))
+        name = self.fresh()
+        strides = contiguous_strides(rows)
+        self.lines.append(Allocate(name, TensorType(dtype, torch.device("cpu"), rows, strides)))
+        store = _linear(row_vars(len(rows)), strides)
+        node = ComputeNode(
+            name, dtype, rows, value.at(index), store, kind, reduced, sizes, index, accumulator_dtype(kind, dtype), origin
+        )
+        self._add_compute(node)
+        out_sizes = tuple(sympy.Integer(1) if d in dims else s for d, s in enumerate(sizes)) if keepdim else rows
+        out_vars = row_vars(len(out_sizes))
+        kept_vars = [out_vars[d] for d in kept] if keepdim else list(out_vars)
+        return LoopValue(out_sizes, Load(name, _linear(tuple(kept_vars), strides), dtype), dtype)
+
+    def _add_compute(self, node: ComputeNode) -> None:
+        self.compute[node.name] = node
+        reads = tuple(dict.fromkeys(ld.buffer for ld in loads(node.body)))
+        self.lines.append(PendingCompute(node.name, reads))
+
+    # -- kernels -------------------------------------------------------------------------
+    def finish_body(self, lines: list[WrapperLine]) -> list[WrapperLine]:
+        if not self.compute:
+            return lines
+        from wrapgen.kernels import kernel_codegen
+
+        position = {line.name: i for i, line in enumerate(lines) if isinstance(line, PendingCompute)}
+        readers: dict[str, list[int]] = {}
+        for i, line in enumerate(lines):
+            for used in line.uses():
+                readers.setdefault(used, []).append(i)
+        order = sorted(self.compute.values(), key=lambda n: position[n.name])
+        groups = schedule(order, position, readers)
+        needed = {name for name, where in readers.items() if name in self.compute and _read_outside(name, where, lines, groups)}
+        codegen = kernel_codegen(self.language)
+        at_position: dict[int, list[WrapperLine]] = {}
+        definitions: list[WrapperLine] = []
+        written_all: set[str] = set()
+        for number, group in enumerate(groups):
+            kernel = codegen(group, f"{self.language}_fused_{_describe(group)}_{number}", needed, self._buffer_dtypes())
+            calls: list[WrapperLine] = []
+            for expr in kernel.host_exprs:
+                if expr not in self.call_symbols:
+                    self.call_symbols[expr] = sympy.Symbol(self.fresh("ks"), integer=True)
+                    calls.append(SymbolicCallArg(self.call_symbols[expr], expr))
+            args = tuple(TensorRef(t) for t in kernel.tensors) + tuple(self.call_symbols.get(e, e) for e in kernel.scalars)
+            definitions.append(KernelDefinition(kernel.name, self.language, kernel.source, kernel.metadata))
+            calls.append(KernelCall(kernel.name, args, (), tuple(kernel.written)))
+            written_all.update(kernel.written)
+            last = max(position[m.node.name] for m in group.members)
+            at_position[last] = calls
+        out: list[WrapperLine] = definitions
+        for i, line in enumerate(lines):
+            if isinstance(line, PendingCompute):
+                out.extend(at_position.get(i, ()))
+            elif isinstance(line, Allocate) and line.name in self.compute and line.name not in written_all:
+                continue
+            else:
+                out.append(line)
+        return out
+
+    def _dense(self, type_: TensorType) -> bool:
+        """Non-overlapping and dense, judged at the symbols' hints (a permuted contiguous layout)."""
+        hints = {info.symbol: info.hint for info in self.symbols.infos()}
+        dims = [(int(sympy.sympify(st).xreplace(hints)), int(sympy.sympify(sz).xreplace(hints)), st, sz)
+                for st, sz in zip(type_.strides or (), type_.sizes) if sympy.sympify(sz) != 1]
+        expected = sympy.Integer(1)
+        for _, _, stride, size_ in sorted(dims, key=lambda d: (d[0], d[1])):
+            if sympy.expand(stride - expected) != 0:
+                return False
+            expected = expected * size_
+        return True
+
+    def _buffer_dtypes(self) -> dict[str, torch.dtype]:
+        return {name: t.dtype for name, t in self._known_types().items()}
+
+    def _known_types(self) -> dict[str, TensorType]:
+        types: dict[str, TensorType] = {}
+        for value in self.values.values():
+            for v in value if isinstance(value, tuple) else (value,):
+                if isinstance(v, Buffer):
+                    types[v.name] = v.type
+        for line in self.lines:
+            for name, t in line.defined_types().items():
+                if isinstance(t, TensorType):
+                    types[name] = t
+        return types
+
+
+def _read_outside(name: str, where: list[int], lines: list[WrapperLine], groups: list[FusionGroup]) -> bool:
+    """Whether anything but a member of `name`'s own group reads buffer `name`."""
+    group = next(g for g in groups if name in g.names())
+    for i in where:
+        line = lines[i]
+        if not isinstance(line, PendingCompute) or line.name not in group.names():
+            return True
+    return False
+
+
+def _describe(group: FusionGroup) -> str:
+    names = []
+    for m in group.members:
+        for part in m.node.origin.replace("aten::", "").split(".")[:1]:
+            if part and part not in names:
+                names.append(part)
+    return "_".join(names[:4]) or "kernel"
+
+
+
+
+def accumulator_dtype(kind: str, dtype: torch.dtype) -> torch.dtype:
+    """Sums and products of floats accumulate in double (matches eager to float tolerance);
+    integer sums in int64; max/min/any/all in the value's own type."""
+    if kind in ("sum", "prod"):
+        return torch.float64 if dtype.is_floating_point else torch.int64
+    return dtype

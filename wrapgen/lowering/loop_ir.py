@@ -1,0 +1,150 @@
+"""Loop bodies as pure data: the value of one element of a tensor, as an expression tree.
+
+A body is built from `Load` (an element of a buffer at a sympy index), `Const`,
+`IndexValue` (an index expression used as a number, for arange) and `Apply` (an op on
+other bodies). Indices are sympy expressions over loop variables (`x0, x1, ...` for the
+kept/pointwise dimensions, `r0, r1, ...` for reduced ones) and the program's size symbols.
+Bodies are frozen and hashable, so equal subexpressions share one temporary in codegen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+Shape = tuple[sympy.Expr, ...]
+
+
+def loop_var(prefix: str, d: int) -> sympy.Symbol:
+    """A loop variable: `x<d>` (pointwise / kept dimension) or `r<d>` (reduced dimension)."""
+    return sympy.Symbol(f"{prefix}{d}", integer=True, nonnegative=True)
+
+
+def row_vars(n: int) -> tuple[sympy.Symbol, ...]:
+    return tuple(loop_var("x", d) for d in range(n))
+
+
+def red_vars(n: int) -> tuple[sympy.Symbol, ...]:
+    return tuple(loop_var("r", d) for d in range(n))
+
+
+@dataclass(frozen=True)
+class Load:
+    """Element `index` (in elements, relative to the tensor's data pointer) of `buffer`."""
+
+    buffer: str
+    index: sympy.Expr
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class Const:
+    value: float | int | bool
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class IndexValue:
+    """An integer index expression used as a value (arange, iota)."""
+
+    expr: sympy.Expr
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class Apply:
+    """`op` (a name the kernel code generators know, e.g. "add", "exp", "cast") on `args`."""
+
+    op: str
+    args: tuple[Body, ...]
+    dtype: torch.dtype
+
+
+Body = Load | Const | IndexValue | Apply
+
+
+def substitute(body: Body, mapping: dict) -> Body:
+    """Replace loop variables simultaneously in every index of `body`."""
+    memo: dict[int, Body] = {}
+
+    def go(node: Body) -> Body:
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        if isinstance(node, Load):
+            out: Body = Load(node.buffer, sympy.expand(sympy.sympify(node.index).xreplace(mapping)), node.dtype)
+        elif isinstance(node, IndexValue):
+            out = IndexValue(sympy.expand(sympy.sympify(node.expr).xreplace(mapping)), node.dtype)
+        elif isinstance(node, Apply):
+            out = Apply(node.op, tuple(go(a) for a in node.args), node.dtype)
+        else:
+            out = node
+        memo[key] = out
+        return out
+
+    return go(body)
+
+
+def walk(body: Body):
+    """Every node of `body`, each distinct node once, children before parents."""
+    seen: set[Body] = set()
+    order: list[Body] = []
+
+    def go(node: Body) -> None:
+        if node in seen:
+            return
+        if isinstance(node, Apply):
+            for a in node.args:
+                go(a)
+        seen.add(node)
+        order.append(node)
+
+    go(body)
+    return order
+
+
+def loads(body: Body) -> list[Load]:
+    return [n for n in walk(body) if isinstance(n, Load)]
+
+
+def size(body: Body) -> int:
+    return len(walk(body))
+
+
+@dataclass(frozen=True)
+class LoopValue:
+    """A tensor not (yet) in memory: `body` gives element (x0, ..., x{n-1}) of a `sizes` tensor."""
+
+    sizes: Shape
+    body: Body
+    dtype: torch.dtype
+
+    def at(self, index: tuple[sympy.Expr, ...]) -> Body:
+        """The body at another index (used to inline this value into a consumer)."""
+        return substitute(self.body, dict(zip(row_vars(len(self.sizes)), index)))
+
+
+@dataclass(frozen=True)
+class ComputeNode:
+    """A value that is materialized (or a reduction): the unit the scheduler fuses.
+
+    The iteration space is `rows` (kept dimensions, variables x*) times `reduced`
+    (variables r*; empty for pointwise). `body` is over both; `store_index` (over x*) is
+    where the result goes in `name`'s buffer. For a reduction, `source_sizes` is the shape
+    that was reduced and `source_index` maps each of its dimensions to an x or r variable, so
+    a pointwise producer of that shape can run inside the reduction loop.
+    """
+
+    name: str
+    dtype: torch.dtype
+    rows: Shape
+    body: Body
+    store_index: sympy.Expr
+    reduction: str | None = None
+    reduced: Shape = ()
+    source_sizes: Shape = ()
+    source_index: tuple[sympy.Expr, ...] = ()
+    acc_dtype: torch.dtype | None = None
+    origin: str = ""

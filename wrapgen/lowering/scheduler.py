@@ -1,0 +1,165 @@
+"""Fuse compute nodes into kernels: explicit `can_fuse` and `score_fusion`, greedy in program order.
+
+A group iterates `rows` (kept dimensions, variables x*) and, when it holds a reduction,
+`reduced` (variables r*). Members are rewritten into the group's variables and tagged with
+the level they run at: "row" (once per row), "inner" (once per element of a row, inside a
+reduction loop) or "reduction". Reductions are never duplicated: each is one member of
+exactly one group, and consumers read its value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import sympy
+
+from wrapgen.lowering.loop_ir import ComputeNode, Load, loads, row_vars, substitute
+
+Shape = tuple[sympy.Expr, ...]
+
+
+@dataclass(frozen=True)
+class Member:
+    node: ComputeNode  # body and store index in the group's variables
+    level: str  # "row" | "inner" | "reduction"
+
+
+@dataclass
+class FusionGroup:
+    rows: Shape
+    reduced: Shape = ()
+    source_sizes: Shape = ()
+    source_index: tuple[sympy.Expr, ...] = ()
+    members: list[Member] = field(default_factory=list)
+
+    def names(self) -> set[str]:
+        return {m.node.name for m in self.members}
+
+    def member(self, name: str) -> Member | None:
+        return next((m for m in self.members if m.node.name == name), None)
+
+
+def _squeezed(shape: Shape) -> list[sympy.Expr]:
+    return [s for s in shape if sympy.sympify(s) != 1]
+
+
+def _squeeze_map(shape: Shape, target: Shape) -> dict | None:
+    """Map a `shape` tensor's x-variables onto a `target` tensor's, ignoring size-1 dims."""
+    if _squeezed(shape) != _squeezed(target):
+        return None
+    mine = [d for d, s in enumerate(shape) if sympy.sympify(s) != 1]
+    theirs = [d for d, s in enumerate(target) if sympy.sympify(s) != 1]
+    xs, ys = row_vars(len(shape)), row_vars(len(target))
+    mapping = {xs[d]: sympy.Integer(0) for d in range(len(shape))}
+    mapping.update({xs[a]: ys[b] for a, b in zip(mine, theirs)})
+    return mapping
+
+
+def _mapped(node: ComputeNode, mapping: dict) -> ComputeNode:
+    return replace(
+        node,
+        body=substitute(node.body, mapping),
+        store_index=sympy.expand(sympy.sympify(node.store_index).xreplace(mapping)),
+    )
+
+
+def start_group(node: ComputeNode) -> FusionGroup:
+    if node.reduction is None:
+        return FusionGroup(node.rows, members=[Member(node, "row")])
+    return FusionGroup(node.rows, node.reduced, node.source_sizes, node.source_index, [Member(node, "reduction")])
+
+
+def can_fuse(group: FusionGroup, node: ComputeNode) -> tuple[FusionGroup, Member] | None:
+    """The group extended by `node` (and `node` as a member), or None when they cannot share loops.
+
+    Pointwise fuses with pointwise of the same shape (size-1 dims aside), into a reduction
+    group at row level (the reduced shape) or inner level (the shape being reduced); a
+    reduction joins a group over the same rows and reduced sizes, or takes in a pointwise
+    group over the shape it reduces. Every read of a member's result must be of the very
+    element the member computes at that point of the loop.
+    """
+    new_group = group
+    if node.reduction is None:
+        mapping = _squeeze_map(node.rows, group.rows)
+        if mapping is not None:
+            member = Member(_mapped(node, mapping), "row")
+        elif group.reduced and list(node.rows) == list(group.source_sizes):
+            member = Member(_mapped(node, dict(zip(row_vars(len(node.rows)), group.source_index))), "inner")
+        else:
+            return None
+    elif group.reduced:
+        if list(node.rows) != list(group.rows) or list(node.reduced) != list(group.reduced):
+            return None
+        member = Member(node, "reduction")
+    else:
+        if list(group.rows) != list(node.source_sizes):
+            return None
+        mapping = dict(zip(row_vars(len(group.rows)), node.source_index))
+        members = [Member(_mapped(m.node, mapping), "inner") for m in group.members]
+        new_group = FusionGroup(node.rows, node.reduced, node.source_sizes, node.source_index, members)
+        member = Member(node, "reduction")
+    if not _reads_match(new_group, member):
+        return None
+    return FusionGroup(new_group.rows, new_group.reduced, new_group.source_sizes, new_group.source_index,
+                       [*new_group.members, member]), member
+
+
+def _reads_match(group: FusionGroup, member: Member) -> bool:
+    for load in loads(member.node.body):
+        producer = group.member(load.buffer)
+        if producer is None:
+            continue
+        if producer.level == "inner" and member.level == "row":
+            return False
+        if sympy.expand(load.index - producer.node.store_index) != 0:
+            return False
+    return True
+
+
+def score_fusion(group: FusionGroup, node: ComputeNode) -> int:
+    """Memory traffic a fusion saves, in reads: loads of the group's results, plus inputs shared."""
+    produced = group.names()
+    group_inputs = {ld.buffer for m in group.members for ld in loads(m.node.body)}
+    score = 1
+    for load in loads(node.body):
+        if load.buffer in produced:
+            score += 4
+        elif load.buffer in group_inputs:
+            score += 1
+    return score
+
+
+def schedule(
+    nodes: list[ComputeNode], position: dict[str, int], readers: dict[str, list[int]]
+) -> list[FusionGroup]:
+    """Greedy fusion in program order.
+
+    A group runs where its last member was; `node` (at `position[node]`) may join a group
+    only if nothing outside the group that reads a member runs before `node`'s position
+    (`readers`: line positions of other readers of each buffer, kernels' markers included).
+    """
+    groups: list[FusionGroup] = []
+    for node in nodes:
+        here = position[node.name]
+        best: tuple[int, int, FusionGroup] | None = None
+        for index, group in enumerate(groups):
+            if any(p < here for m in group.members for p in readers.get(m.node.name, ()) if p != here and p not in _member_positions(group, position)):
+                continue
+            fused = can_fuse(group, node)
+            if fused is None:
+                continue
+            score = score_fusion(group, node)
+            if best is None or (score, index) > (best[0], best[1]):
+                best = (score, index, fused[0])
+        if best is None:
+            groups.append(start_group(node))
+        else:
+            groups[best[1]] = best[2]
+    return groups
+
+
+def _member_positions(group: FusionGroup, position: dict[str, int]) -> set[int]:
+    return {position[m.node.name] for m in group.members}
+
+
+__all__ = ["FusionGroup", "Member", "can_fuse", "score_fusion", "schedule", "start_group", "Load"]
