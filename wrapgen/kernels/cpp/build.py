@@ -25,7 +25,9 @@ from wrapgen.kernels.cpp.prelude import PRELUDE
 
 CXX = os.environ.get("CXX", "g++")
 # -march=native: the library is built on the machine that runs it (the cache key holds the CPU).
-BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-fno-math-errno", "-std=c++17", "-w")
+# -fno-trapping-math lets gcc if-convert `c ? a : f(b)` (where) so such loops vectorize; results
+# and NaN handling are unchanged (no -ffast-math).
+BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-w")
 
 stats = {"compiled": 0, "cache_hits": 0, "linked": 0}
 _loaded: dict[str, ctypes.CDLL] = {}
