@@ -45,6 +45,11 @@ def relu_into(src: str, dst: str) -> ExternKernel:
     return ExternKernel(None, "aten::relu.out", (TensorRef(src),), (("out", TensorRef(dst)),), None, (dst,))
 
 
+def cumsum_into(src: str, dst: str) -> ExternKernel:
+    """A library call that is not elementwise: never computed in place."""
+    return ExternKernel(None, "aten::cumsum.out", (TensorRef(src), 0), (("out", TensorRef(dst)),), None, (dst,))
+
+
 def program(lines, dynamic: bool = False) -> Program:
     x = f32(s0, 8) if dynamic else f32(4, 8)
     header = [BindSymbol(s0, "x", "size", 0, OBSERVED, 1, None)] if dynamic else []
@@ -63,18 +68,42 @@ def test_dead_buffer_is_reused() -> None:
             Allocate("buf0", f32(4, 8)),
             relu_into("x", "buf0"),
             Allocate("buf1", f32(4, 8)),
-            relu_into("buf0", "buf1"),
+            cumsum_into("buf0", "buf1"),
             Free("buf0"),
             Allocate("buf2", f32(8, 4)),
-            relu_into("buf1", "buf2"),
+            cumsum_into("buf1", "buf2"),
             Free("buf1"),
             Output((TensorRef("buf2"),)),
         ]
     )
     planned = verify(reuse_buffers(p))
     assert [(r.name, r.source) for r in reuses(planned)] == [("buf2", "buf0")]
-    assert Free("buf0") not in planned.lines  # the storage passes to buf2 instead
+    index = planned.lines.index(reuses(planned)[0])
+    assert planned.lines[index + 1] == Free("buf0")  # the old name ends as the storage passes on
     assert peak_memory(planned) == peak_memory(p) == 2 * 4 * 8 * 4
+
+
+def test_elementwise_call_writes_over_an_input_that_dies_there() -> None:
+    def chain(second_op) -> Program:
+        return program(
+            [
+                Allocate("buf0", f32(4, 8)),
+                relu_into("x", "buf0"),  # x is the caller's: never overwritten
+                Allocate("buf1", f32(4, 8)),
+                second_op("buf0", "buf1"),  # buf0 dies here
+                Free("buf0"),
+                Output((TensorRef("buf1"),)),
+            ]
+        )
+
+    elementwise, p = verify(reuse_buffers(chain(relu_into))), chain(relu_into)
+    assert [(r.name, r.source) for r in reuses(elementwise)] == [("buf1", "buf0")]
+    assert peak_memory(elementwise) == 4 * 8 * 4 < peak_memory(p) == 2 * 4 * 8 * 4
+    assert reuses(verify(reuse_buffers(chain(cumsum_into)))) == []  # not elementwise: own storage
+    x = torch.randn(4, 8)
+    from wrapgen.backends import PythonEmitter
+
+    torch.testing.assert_close(PythonEmitter().compile(elementwise).call([x.clone()]), (x.relu(),))
 
 
 def test_refuses_storage_a_live_view_still_uses() -> None:
@@ -140,10 +169,10 @@ def test_symbolic_sizes_are_compared_with_sympy() -> None:
             Allocate("buf0", f32(s0, 8)),
             relu_into("x", "buf0"),
             Allocate("buf1", f32(s0, 8)),
-            relu_into("buf0", "buf1"),
+            cumsum_into("buf0", "buf1"),
             Free("buf0"),
             Allocate("buf2", f32(8, s0)),  # same bytes for every s0
-            relu_into("buf1", "buf2"),
+            cumsum_into("buf1", "buf2"),
             Free("buf1"),
             Allocate("buf3", f32(s0 + 1, 8)),  # may not fit in s0*8 floats: refused
             Output((TensorRef("buf2"), TensorRef("buf3"))),
@@ -218,3 +247,22 @@ def test_memory_planning_option_is_validated() -> None:
     with pytest.raises(ValueError, match="one of none, reuse, pooled"):
         with wrapgen.config.patch(memory_planning="greedy"):
             pass
+
+
+def test_no_in_place_write_while_a_view_of_the_input_is_read() -> None:
+    add = ExternKernel(
+        None, "aten::add.out", (TensorRef("buf0"), TensorRef("view")), (("out", TensorRef("buf1")),), None, ("buf1",)
+    )
+    p = program(
+        [
+            Allocate("buf0", f32(8, 8)),
+            ExternKernel(None, "aten::fill.Scalar_out", (TensorRef("buf0"), 1.0), (("out", TensorRef("buf0")),), None, ("buf0",)),
+            Reinterpret("view", "buf0", F32, CPU, (8, 8), (1, 8)),
+            Allocate("buf1", f32(8, 8)),
+            add,
+            Free("buf0"),
+            Free("view"),
+            Output((TensorRef("buf1"),)),
+        ]
+    )
+    assert reuses(verify(reuse_buffers(p))) == []

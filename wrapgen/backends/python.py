@@ -255,10 +255,10 @@ class PythonEmitter(Emitter):
         t, source = line.type, self.types.get(line.source)
         self.allocated.add(line.name)
         if isinstance(source, TensorType) and (source.dtype, source.sizes, source.strides) == (t.dtype, t.sizes, t.strides):
-            self.writeline(f"{line.name} = {line.source}; del {line.source}  # reuse")
+            self.writeline(f"{line.name} = {line.source}  # reuse")
             return
         viewed = line.source if isinstance(source, TensorType) and source.dtype == t.dtype else f"{line.source}.view({t.dtype})"
-        self.writeline(f"{line.name} = _as_strided({viewed}, {py_tuple(t.sizes)}, {py_tuple(t.strides or ())}, 0); del {line.source}  # reuse")
+        self.writeline(f"{line.name} = _as_strided({viewed}, {py_tuple(t.sizes)}, {py_tuple(t.strides or ())}, 0)  # reuse")
 
     def emit_allocate_from_pool(self, line: AllocateFromPool) -> None:
         t = line.type

@@ -179,8 +179,10 @@ class Allocate(WrapperLine):
 
 @dataclass(frozen=True)
 class ReuseBuffer(WrapperLine):
-    """Memory planning: `name` takes over the storage behind `source` (whose name ends here),
-    viewed with a new layout. The storage is at least as large as the layout needs."""
+    """Memory planning: `name` views the storage behind `source` with a new layout (the
+    storage is at least as large as the layout needs). `source`'s name stays valid until its
+    own Free: right away when its storage was dead, or after the line that reads it while
+    writing `name` in place."""
 
     name: str
     source: str
@@ -193,9 +195,6 @@ class ReuseBuffer(WrapperLine):
         return {self.name: self.type}
 
     def uses(self) -> tuple[str, ...]:
-        return (self.source,)
-
-    def frees(self) -> tuple[str, ...]:
         return (self.source,)
 
     def symbols_used(self) -> set[sympy.Symbol]:

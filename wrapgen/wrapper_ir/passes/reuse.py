@@ -1,7 +1,10 @@
-"""Buffer reuse: an allocation takes over the storage of a buffer that died earlier.
+"""Buffer reuse: an allocation takes over storage that dies before (or at) its first write.
 
-The plan is IR: the dead buffer's last `Free` is dropped, and the later `Allocate` becomes a
-`ReuseBuffer` of the name that still holds the storage, so every target follows it.
+Two cases, both expressed as IR so every target follows the plan:
+- a dead buffer: its last `Free` moves up to just after a `ReuseBuffer` that hands its
+  storage to a later allocation of the same device and element size;
+- in place: an elementwise library call whose input dies at that very call writes its
+  result over the input (same layout; ATen's pointwise kernels allow exact overlap).
 """
 
 from __future__ import annotations
@@ -9,12 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import sympy
+import torch
 
-from wrapgen.wrapper_ir.lines import Allocate, Free, ReuseBuffer, WrapperLine
+from wrapgen.wrapper_ir.lines import Allocate, ExternKernel, Free, ReuseBuffer, WrapperLine
 from wrapgen.wrapper_ir.passes.storage import StorageAnalysis
 from wrapgen.wrapper_ir.passes.symbolic import provably_nonnegative
 from wrapgen.wrapper_ir.program import Program
-from wrapgen.wrapper_ir.values import TensorType, storage_bytes
+from wrapgen.wrapper_ir.values import TensorRef, TensorType, storage_bytes
 
 # A dead buffer is reused only when it is at most this many times larger than needed, so a
 # big buffer is not spent on a small allocation.
@@ -33,39 +37,103 @@ def fits(capacity: sympy.Expr, needed: sympy.Expr) -> bool:
     return provably_nonnegative(capacity - needed) and provably_nonnegative(SIZE_TOLERANCE * needed - capacity)
 
 
-def reuse_buffers(program: Program) -> Program:
-    """Rewrite allocations to reuse dead buffers of the same device and element size."""
-    analysis = StorageAnalysis(program)
-    owned_capacity: dict[str, sympy.Expr] = {}
-    # The Free that ends each reusable storage: a storage dies at its last line.
-    death_frees: dict[int, str] = {}
-    for index, line in enumerate(program.lines):
-        if isinstance(line, Free):
-            storage = analysis.storage(line.name)
-            root_line = program.lines[storage.created_at] if storage.created_at >= 0 else None
-            if isinstance(root_line, Allocate) and storage.death == index:
-                death_frees[index] = storage.root
+def is_pointwise(qualified: str) -> bool:
+    """True for an elementwise ATen overload (the tag sits on the functional overload)."""
+    namespace, rest = qualified.split("::", 1)
+    name, _, overload = rest.partition(".")
+    packet = getattr(getattr(torch.ops, namespace), name, None)
+    if packet is None:
+        return False
+    candidates = [getattr(packet, overload or "default", None), getattr(packet, "default", None)]
+    return any(op is not None and torch.Tag.pointwise in op.tags for op in candidates)
 
-    dead: list[_Dead] = []
-    dropped: set[int] = set()
-    replaced: dict[int, WrapperLine] = {}
-    for index, line in enumerate(program.lines):
-        if index in death_frees:
-            root = death_frees[index]
-            root_type = program.lines[analysis.storage(root).created_at].type  # type: ignore[attr-defined]
-            capacity = owned_capacity.get(root, storage_bytes(root_type))
-            dead.append(_Dead(line.name, root_type, capacity, index))  # type: ignore[attr-defined]
-        elif isinstance(line, Allocate):
-            choice = _best_fit(dead, line.type)
-            if choice is not None:
-                dead.remove(choice)
-                dropped.add(choice.free_index)
-                replaced[index] = ReuseBuffer(line.name, choice.handle, line.type)
-                owned_capacity[line.name] = choice.capacity
-    if not replaced:
-        return program
-    lines = [replaced.get(i, line) for i, line in enumerate(program.lines) if i not in dropped]
-    return program.with_lines(lines)
+
+class _Planner:
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        self.lines = program.lines
+        self.analysis = StorageAnalysis(program)
+        self.capacity: dict[str, sympy.Expr] = {}
+        self.replaced: dict[int, WrapperLine] = {}
+        self.moved_frees: dict[int, int] = {}  # index of a death Free -> index it now follows
+
+    def allocation_of(self, name: str) -> Allocate | None:
+        created = self.analysis.storage(name).created_at
+        line = self.lines[created] if created >= 0 else None
+        return line if isinstance(line, Allocate) else None
+
+    def reusable_death_frees(self) -> dict[int, str]:
+        deaths: dict[int, str] = {}
+        for index, line in enumerate(self.lines):
+            if isinstance(line, Free):
+                storage = self.analysis.storage(line.name)
+                if self.allocation_of(line.name) is not None and storage.death == index:
+                    deaths[index] = storage.root
+        return deaths
+
+    def in_place_source(self, index: int, line: Allocate) -> str | None:
+        """An input of the next line that dies there and has exactly the new buffer's layout."""
+        if index + 1 >= len(self.lines):
+            return None
+        writer = self.lines[index + 1]
+        if not (isinstance(writer, ExternKernel) and writer.writes == (line.name,) and is_pointwise(writer.op)):
+            return None
+        for arg in writer.args:
+            if not isinstance(arg, TensorRef) or arg.name == line.name:
+                continue
+            storage = self.analysis.storage(arg.name)
+            source = self.allocation_of(arg.name)
+            if source is None or storage.root != arg.name or source.type != line.type or storage.death is None:
+                continue
+            # A view of the same storage read with another layout would see overwritten data.
+            other_views = [
+                a for a in writer.uses() if a not in (arg.name, line.name) and self.analysis.root_of.get(a) == storage.root
+            ]
+            between = self.lines[index + 2 : storage.death + 1]
+            if not other_views and all(isinstance(other, Free) for other in between):
+                return arg.name
+        return None
+
+    def plan(self) -> Program:
+        deaths = self.reusable_death_frees()
+        dead: list[_Dead] = []
+        taken: set[str] = set()
+        for index, line in enumerate(self.lines):
+            if index in deaths and deaths[index] not in taken:
+                root = deaths[index]
+                root_type = self.allocation_of(root).type  # type: ignore[union-attr]
+                capacity = self.capacity.get(root, storage_bytes(root_type))
+                dead.append(_Dead(line.name, root_type, capacity, index))  # type: ignore[attr-defined]
+            elif isinstance(line, Allocate):
+                source = self.in_place_source(index, line)
+                if source is not None:
+                    taken.add(source)
+                    self.replaced[index] = ReuseBuffer(line.name, source, line.type)
+                    self.capacity[line.name] = self.capacity.get(source, storage_bytes(line.type))
+                    continue
+                choice = _best_fit(dead, line.type)
+                if choice is not None:
+                    dead.remove(choice)
+                    self.moved_frees[choice.free_index] = index
+                    self.replaced[index] = ReuseBuffer(line.name, choice.handle, line.type)
+                    self.capacity[line.name] = choice.capacity
+        if not self.replaced:
+            return self.program
+        after: dict[int, list[WrapperLine]] = {}
+        for free_index, new_index in self.moved_frees.items():
+            after.setdefault(new_index, []).append(self.lines[free_index])
+        lines: list[WrapperLine] = []
+        for index, line in enumerate(self.lines):
+            if index in self.moved_frees:
+                continue
+            lines.append(self.replaced.get(index, line))
+            lines.extend(after.get(index, ()))
+        return self.program.with_lines(lines)
+
+
+def reuse_buffers(program: Program) -> Program:
+    """Rewrite allocations to reuse dead buffers, or their input's storage in place."""
+    return _Planner(program).plan()
 
 
 def _best_fit(dead: list[_Dead], wanted: TensorType) -> _Dead | None:
