@@ -21,27 +21,31 @@ def owned_bytes(line: WrapperLine) -> sympy.Expr:
     return sympy.Integer(0)
 
 
-def peak_memory(program: Program) -> sympy.Expr:
-    """Largest sum of live storage over the program's lines: bytes, or an expression of the
-    size symbols. Library results are counted at their dense size."""
+def live_bytes(program: Program) -> list[sympy.Expr]:
+    """Bytes of program-owned storage live while each line runs (library results counted at
+    their dense size)."""
     analysis = StorageAnalysis(program)
     dies_after: dict[int, list[sympy.Expr]] = {}
     live = sympy.Integer(0)
-    candidates: list[sympy.Expr] = [live]
-    sizes: dict[str, sympy.Expr] = {}
+    timeline: list[sympy.Expr] = []
     for index, line in enumerate(program.lines):
         added = owned_bytes(line)
         if added != 0:
             for name in line.defines():
-                sizes[analysis.root_of[name]] = added
                 death = analysis.storage(name).death
                 if death is not None:
                     dies_after.setdefault(death, []).append(added)
             live = live + added
-            candidates.append(live)
+        timeline.append(live)
         for freed in dies_after.get(index, ()):
             live = live - freed
-    return _maximum(candidates)
+    return timeline
+
+
+def peak_memory(program: Program) -> sympy.Expr:
+    """Largest sum of live storage over the program's lines: bytes, or an expression of the
+    size symbols."""
+    return _maximum([sympy.Integer(0), *live_bytes(program)])
 
 
 def _maximum(candidates: list[sympy.Expr]) -> sympy.Expr:

@@ -1,6 +1,7 @@
 """Buffer reuse: an allocation takes over storage that dies before (or at) its first write.
 
-Two cases, both expressed as IR so every target follows the plan:
+Two cases, both expressed as IR so every target follows the plan; a reuse that would raise
+the program's peak (holding dead storage while other buffers are allocated) is skipped:
 - a dead buffer: its last `Free` moves up to just after a `ReuseBuffer` that hands its
   storage to a later allocation of the same device and element size;
 - in place: an elementwise library call whose input dies at that very call writes its
@@ -15,6 +16,7 @@ import sympy
 import torch
 
 from wrapgen.wrapper_ir.lines import Allocate, ExternKernel, Free, ReuseBuffer, WrapperLine
+from wrapgen.wrapper_ir.passes.peak_memory import live_bytes
 from wrapgen.wrapper_ir.passes.storage import StorageAnalysis
 from wrapgen.wrapper_ir.passes.symbolic import provably_nonnegative
 from wrapgen.wrapper_ir.program import Program
@@ -54,6 +56,11 @@ class _Planner:
         self.lines = program.lines
         self.analysis = StorageAnalysis(program)
         self.capacity: dict[str, sympy.Expr] = {}
+        # Live bytes while each line runs, at the symbols' hints, updated as reuses are chosen.
+        hints = {info.symbol: info.hint for info in program.symbols}
+        self.at_hints = lambda expr: int(sympy.sympify(expr).xreplace(hints))
+        self.timeline = [self.at_hints(b) for b in live_bytes(program)]
+        self.peak = max(self.timeline, default=0)
         self.replaced: dict[int, WrapperLine] = {}
         self.moved_frees: dict[int, int] = {}  # index of a death Free -> index it now follows
 
@@ -94,6 +101,25 @@ class _Planner:
                 return arg.name
         return None
 
+    def raises_peak(self, choice: _Dead, index: int, line: Allocate) -> bool:
+        """Would holding `choice` from its death until `index`, and then its spare capacity
+        for the new buffer's life, lift the peak? If not, commit that to the timeline."""
+        held = self.at_hints(choice.capacity)
+        spare = held - self.at_hints(storage_bytes(line.type))
+        death = self.analysis.storage(line.name).death
+        end = len(self.timeline) - 1 if death is None else death
+        waiting = range(choice.free_index + 1, index)
+        living = range(index, end + 1)
+        if any(self.timeline[i] + held > self.peak for i in waiting) or any(
+            self.timeline[i] + spare > self.peak for i in living
+        ):
+            return True
+        for i in waiting:
+            self.timeline[i] += held
+        for i in living:
+            self.timeline[i] += spare
+        return False
+
     def plan(self) -> Program:
         deaths = self.reusable_death_frees()
         dead: list[_Dead] = []
@@ -112,7 +138,7 @@ class _Planner:
                     self.capacity[line.name] = self.capacity.get(source, storage_bytes(line.type))
                     continue
                 choice = _best_fit(dead, line.type)
-                if choice is not None:
+                if choice is not None and not self.raises_peak(choice, index, line):
                     dead.remove(choice)
                     self.moved_frees[choice.free_index] = index
                     self.replaced[index] = ReuseBuffer(line.name, choice.handle, line.type)
