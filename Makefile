@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint clean bench conformance
 
 setup: $(STAMP)
 
@@ -26,3 +26,14 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build .pytest_cache
+
+# Benchmarks: eager vs torch.compile vs every wrapgen target; writes benchmarks/results/bench-<device>-*.{md,png,json}.
+# BENCH_ARGS, e.g. "--device cpu --workloads softmax,mlp --repeats 5" or "--quick".
+bench: $(STAMP)
+	$(PY) -m benchmarks.run $(BENCH_ARGS)
+
+# Conformance: every OpInfo op through every wrapgen target; writes benchmarks/results/conformance-<device>-<target>.md.
+# CONFORMANCE_ARGS, e.g. "--ops 'add*' 'nn.functional.*'", "--max-samples 0" (every sample), "--jobs 4".
+CONFORMANCE_ARGS ?= --max-samples 5
+conformance: $(STAMP)
+	$(PY) -m tests.conformance.run $(CONFORMANCE_ARGS)

@@ -143,6 +143,7 @@ class PythonEmitter(Emitter):
     def finish(self, program: Program) -> str:
         header = [
             f"# wrapgen: program {program.name!r}, emitted by {type(self).__name__}",
+            "import math  # size expressions can print as math.floor / math.ceil (PythonPrinter)",
             "import torch",
             "from wrapgen.backends.python_runtime import (",
             "    INF, NAN, assert_finite, benchmark, check_arg_count, empty_strided_cpu, example_tensor,",

@@ -1,0 +1,199 @@
+"""Aggregate per-sample results and write `conformance-<device>-<target>.md`."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .harness import CAPTURE_FAILED, CLASSES, CRASH, FAILING, FALLBACK, SKIPPED, WRONG, worst
+from .known_failures import KNOWN_FAILURES, Known, verdict
+
+
+@dataclass(frozen=True)
+class Result:
+    """One sample of one op in one mode for one target on one device (`index` -1: the op's
+    samples could not be made)."""
+
+    device: str
+    target: str
+    op: str
+    mode: str
+    index: int
+    cls: str
+    reason: str = ""
+    fallbacks: tuple[str, ...] = ()
+
+
+@dataclass
+class OpSummary:
+    """All samples of one op in one mode: its class is the worst among them."""
+
+    op: str
+    mode: str
+    results: list[Result] = field(default_factory=list)
+
+    @property
+    def cls(self) -> str:
+        return worst([r.cls for r in self.results])
+
+    @property
+    def failing(self) -> dict[int, str]:
+        """Sample index -> wrong/crash, for the samples that failed."""
+        return {r.index: r.cls for r in self.results if r.cls in FAILING}
+
+    @property
+    def ran(self) -> set[int]:
+        return {r.index for r in self.results}
+
+    def first(self, cls: str) -> Result:
+        return next(r for r in self.results if r.cls == cls)
+
+    def count(self, cls: str) -> int:
+        return sum(r.cls == cls for r in self.results)
+
+
+@dataclass
+class Verdicts:
+    known: list[tuple[OpSummary, Known]] = field(default_factory=list)
+    unexpected: list[OpSummary] = field(default_factory=list)
+    stale: list[tuple[str, str, Known]] = field(default_factory=list)  # (op, mode, entry)
+
+
+def summarize(results: Iterable[Result]) -> dict[tuple[str, str], OpSummary]:
+    summaries: dict[tuple[str, str], OpSummary] = {}
+    for r in results:
+        summaries.setdefault((r.op, r.mode), OpSummary(r.op, r.mode)).results.append(r)
+    return summaries
+
+
+def judge(summaries: dict[tuple[str, str], OpSummary], target: str, device: str) -> Verdicts:
+    """Hold each op's failures against the known-failures list; entries for ops that ran and
+    did not fail are stale."""
+    out = Verdicts()
+    for (op, mode), summary in sorted(summaries.items()):
+        status, entry = verdict(op, mode, target, device, summary.failing, summary.ran)
+        if status == "known":
+            out.known.append((summary, entry))
+        elif status == "unexpected":
+            out.unexpected.append(summary)
+        elif status == "stale":
+            out.stale.append((op, mode, entry))
+    return out
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _count_table(rows: Sequence[tuple[str, collections.Counter]]) -> list[str]:
+    lines = ["| mode | " + " | ".join(CLASSES) + " | total |", "|---" * (len(CLASSES) + 2) + "|"]
+    for name, counts in rows:
+        lines.append(f"| {name} | " + " | ".join(str(counts[c]) for c in CLASSES) + f" | {sum(counts.values())} |")
+    return lines
+
+
+def render(
+    results: Sequence[Result],
+    device: str,
+    target: str,
+    header: dict[str, str],
+    modes: Sequence[str],
+) -> tuple[str, Verdicts]:
+    """The markdown report for one device and target, and its verdicts."""
+    summaries = summarize(results)
+    verdicts = judge(summaries, target, device)
+    known_ids = {(s.op, s.mode) for s, _ in verdicts.known}
+    lines = [f"# wrapgen conformance: {device} / {target}", ""]
+    lines += [f"- {k}: {v}" for k, v in header.items()]
+    lines += [
+        "",
+        "Each float32 OpInfo sample, compiled with `wrapgen.compile` and compared with eager "
+        "(`tests/conformance/harness.py` defines the classes; `tests/conformance/fallbacks.py` what counts "
+        "as a fallback). An op's class in a mode is the worst class among its samples.",
+        "",
+        f"**Unexpected wrong/crash: {len(verdicts.unexpected)}** · known failures (xfail): {len(verdicts.known)} "
+        f"· stale known-failure entries (now pass): {len(verdicts.stale)}",
+        "",
+        "## Samples per class",
+        "",
+    ]
+    by_mode = {m: collections.Counter() for m in modes}
+    ops_by_mode = {m: collections.Counter() for m in modes}
+    for r in results:
+        by_mode.setdefault(r.mode, collections.Counter())[r.cls] += 1
+    for s in summaries.values():
+        ops_by_mode.setdefault(s.mode, collections.Counter())[s.cls] += 1
+    lines += _count_table(list(by_mode.items()))
+    lines += ["", "## Ops per class (worst sample)", ""]
+    lines += _count_table(list(ops_by_mode.items()))
+
+    def failing_section(title: str, cls: str, note: str) -> None:
+        rows = [s for s in summaries.values() if cls in {r.cls for r in s.results}]
+        rows.sort(key=lambda s: (s.op, modes.index(s.mode) if s.mode in modes else 99))
+        lines.extend(["", f"## {title} ({len(rows)} op-modes)", ""])
+        if note:
+            lines.extend([note, ""])
+        if not rows:
+            lines.append("None.")
+            return
+        lines.append("| op | mode | samples | status | reason (first such sample) |")
+        lines.append("|---|---|---|---|---|")
+        for s in rows:
+            first = s.first(cls)
+            status = "" if cls not in FAILING else "known" if (s.op, s.mode) in known_ids else "**unexpected**"
+            lines.append(
+                f"| `{s.op}` | {s.mode} | {s.count(cls)}/{len(s.results)} | {status} | #{first.index}: {_cell(first.reason)} |"
+            )
+
+    failing_section("Wrong", WRONG, "Our result differs from eager's.")
+    failing_section("Crash", CRASH, "wrapgen raised, or timed out, on a program torch.export captured.")
+    failing_section("Capture failed", CAPTURE_FAILED, "torch.export could not trace the sample: torch's limit, counted apart.")
+
+    lines.extend(["", f"## Stale known failures ({len(verdicts.stale)})", ""])
+    if verdicts.stale:
+        lines.append("Listed in `tests/conformance/known_failures.py` but no longer failing: delete the entries.")
+        lines.append("")
+        lines += [f"- `{op}` ({mode}): {_cell(entry.reason)}" for op, mode, entry in verdicts.stale]
+    else:
+        lines.append("None.")
+
+    skipped: dict[str, list[str]] = collections.defaultdict(list)
+    for s in summaries.values():
+        for r in s.results:
+            if r.cls == SKIPPED:
+                skipped[r.reason].append(f"{r.op} ({r.mode} #{r.index})")
+    lines.extend(["", f"## Skipped samples ({sum(len(v) for v in skipped.values())})", ""])
+    lines.append("Not comparable, with the reason (eager's own failures on a sample, random or nondeterministic ops).")
+    lines.append("")
+    lines.append("| reason | samples | ops |")
+    lines.append("|---|---|---|")
+    for reason, where in sorted(skipped.items(), key=lambda kv: -len(kv[1])):
+        ops = sorted({w.split(" (")[0] for w in where})
+        shown = ", ".join(f"`{o}`" for o in ops[:12]) + (f", … ({len(ops)} ops)" if len(ops) > 12 else "")
+        lines.append(f"| {_cell(reason)} | {len(where)} | {shown} |")
+
+    fallback_users: dict[str, set[str]] = collections.defaultdict(set)
+    for r in results:
+        if r.cls == FALLBACK:
+            for name in r.fallbacks:
+                fallback_users[name].add(r.op)
+    lines.extend(["", f"## ATen fallbacks ({len(fallback_users)} distinct ops)", ""])
+    lines.append("Ops that ran as ATen fallbacks in correct programs, by how many OpInfo ops needed them.")
+    lines.append("")
+    lines.append("| ATen op | OpInfo ops |")
+    lines.append("|---|---|")
+    for name, users in sorted(fallback_users.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        lines.append(f"| `{name}` | {len(users)} |")
+    return "\n".join(lines) + "\n", verdicts
+
+
+def write_report(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def known_entries_not_run(ran_ops: set[str]) -> list[str]:
+    """Known-failure keys that name no op of the run (typos, renamed OpInfos)."""
+    return sorted(k for k in KNOWN_FAILURES if k not in ran_ops)
