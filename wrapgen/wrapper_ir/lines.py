@@ -153,6 +153,15 @@ class AssertScalar(WrapperLine):
         return f"assert_scalar {self.name} == {self.expected!r}"
 
 
+def _layout_symbols(type_: TensorType) -> set[sympy.Symbol]:
+    return shape_symbols(type_.sizes) | shape_symbols(type_.strides)
+
+
+def _check_layout(type_: TensorType, what: str) -> None:
+    if type_.strides is None or len(type_.strides) != len(type_.sizes):
+        raise ValueError(f"{what} needs one stride per size")
+
+
 @dataclass(frozen=True)
 class Allocate(WrapperLine):
     """A new, uninitialized buffer with the given layout."""
@@ -167,11 +176,10 @@ class Allocate(WrapperLine):
         return {self.name: self.type}
 
     def symbols_used(self) -> set[sympy.Symbol]:
-        return shape_symbols(self.type.sizes) | shape_symbols(self.type.strides)
+        return _layout_symbols(self.type)
 
     def check(self) -> None:
-        if self.type.strides is None or len(self.type.strides) != len(self.type.sizes):
-            raise ValueError("an allocation needs one stride per size")
+        _check_layout(self.type, "an allocation")
 
     def format(self) -> str:
         return f"{self.name} = allocate {self.type}"
@@ -198,11 +206,10 @@ class ReuseBuffer(WrapperLine):
         return (self.source,)
 
     def symbols_used(self) -> set[sympy.Symbol]:
-        return shape_symbols(self.type.sizes) | shape_symbols(self.type.strides)
+        return _layout_symbols(self.type)
 
     def check(self) -> None:
-        if self.type.strides is None or len(self.type.strides) != len(self.type.sizes):
-            raise ValueError("a reused buffer needs one stride per size")
+        _check_layout(self.type, "a reused buffer")
         if self.name == self.source:
             raise ValueError("a buffer cannot reuse itself")
 
@@ -229,15 +236,10 @@ class AllocateFromPool(WrapperLine):
         return (self.pool,)
 
     def symbols_used(self) -> set[sympy.Symbol]:
-        return (
-            shape_symbols(self.type.sizes)
-            | shape_symbols(self.type.strides)
-            | set(sympy.sympify(self.offset).free_symbols)
-        )
+        return _layout_symbols(self.type) | set(sympy.sympify(self.offset).free_symbols)
 
     def check(self) -> None:
-        if self.type.strides is None or len(self.type.strides) != len(self.type.sizes):
-            raise ValueError("a pooled buffer needs one stride per size")
+        _check_layout(self.type, "a pooled buffer")
 
     def format(self) -> str:
         return f"{self.name} = from_pool {self.pool} at {self.offset} as {self.type}"
