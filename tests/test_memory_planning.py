@@ -211,7 +211,7 @@ def test_models_match_eager_in_every_mode(mode: str, dynamic: bool) -> None:
     torch.manual_seed(0)
     models = [
         (torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 16)), (4, 16)),
-        (torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.AvgPool2d(2), torch.nn.Flatten()), (2, 3, 10, 10)),
+        (torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten()), (2, 3, 10, 10)),
         (torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True), (2, 8, 32)),
     ]
     for model, shape in models:

@@ -17,9 +17,6 @@ from torch.utils._sympy.functions import CeilDiv
 from wrapgen.wrapper_ir.lines import (
     Allocate,
     AllocateFromPool,
-    AssertInput,
-    AssertScalar,
-    BindSymbol,
     Free,
     WrapperLine,
 )
@@ -93,7 +90,6 @@ def pool_buffers(program: Program) -> Program:
         return program
 
     hints = {info.symbol: info.hint for info in program.symbols}
-    header_end = max((i + 1 for i, line in enumerate(program.lines) if isinstance(line, (BindSymbol, AssertInput, AssertScalar))), default=0)
     pools: list[WrapperLine] = []
     replaced: dict[int, WrapperLine] = {}
     pool_frees: dict[int, list[Free]] = defaultdict(list)
@@ -107,9 +103,12 @@ def pool_buffers(program: Program) -> Program:
             replaced[start] = AllocateFromPool(name, pool, offsets[name], line.type)
         pool_frees[max(end for _, _, end, _ in intervals)].append(Free(pool))
 
+    # Pools are allocated just before the first buffer placed in one (their sizes use only
+    # symbols bound from the inputs, which the program binds first).
+    first_pooled = min(replaced)
     lines: list[WrapperLine] = []
     for index, line in enumerate(program.lines):
-        if index == header_end:
+        if index == first_pooled:
             lines.extend(pools)
         lines.append(replaced.get(index, line))
         lines.extend(pool_frees.get(index, ()))
