@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# Without a GPU, Triton kernels run on CPU tensors in Triton's interpreter: CI covers Triton
+# codegen this way (tests/test_kernels_triton.py). It changes nothing else: CPU kernels stay C++
+# unless a test asks for Triton (config.cpu_kernels).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import wrapgen
 

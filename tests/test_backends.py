@@ -57,10 +57,10 @@ def test_missing_emit_method_names_the_line() -> None:
         pass
 
     program = wrapgen.lower(mlp(), (torch.randn(2, 8),))
-    definition = KernelDefinition("k0", "triton", "def k0(): pass")
+    definition = KernelDefinition("k0", "metal", "kernel void k0() {}")  # no device launches Metal
     lines = (*program.lines[:-1], definition, KernelCall("k0", ()), program.lines[-1])
     assert isinstance(lines[-1], Output)
-    with pytest.raises(UnsupportedLineError, match=r"cannot emit line \d+ \(kernel k0 \[triton\]"):
+    with pytest.raises(UnsupportedLineError, match=r"cannot emit line \d+ \(kernel k0 \[metal\]"):
         NoKernels().emit(program.with_lines(lines))
 
 

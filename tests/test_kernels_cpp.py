@@ -84,20 +84,20 @@ def test_kernels_off_gives_library_calls_only() -> None:
 # -- correctness ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "fn, shapes",
-    [
-        (lambda x, y: x + y, [(4, 1), (1, 6)]),
-        (lambda x, y: torch.where(x > 0, x, y * 0.5).exp(), [(3, 5), (5,)]),
-        (lambda x: x.t() * 2 + x.t().sigmoid(), [(5, 3)]),
-        (lambda x: x.permute(2, 0, 1).clamp(-0.5, 0.5) - 1, [(2, 3, 4)]),
-        (lambda x: x[:, 1:5:2].erf() + x[:, 0:1].expand(3, 2), [(3, 8)]),
-        (lambda x: x.view(6, 4).abs().rsqrt(), [(2, 3, 4)]),
-        (lambda x: x.reshape(4, 6).pow(3).tanh() / 2, [(2, 12)]),
-        (lambda x: torch.nn.functional.gelu(x, approximate="tanh") + torch.nn.functional.gelu(x), [(4, 7)]),
-    ],
-    ids=["broadcast", "where", "transpose", "permute_clamp", "slices", "view", "reshape", "gelu"],
-)
+POINTWISE_CASES = [
+    (lambda x, y: x + y, [(4, 1), (1, 6)]),
+    (lambda x, y: torch.where(x > 0, x, y * 0.5).exp(), [(3, 5), (5,)]),
+    (lambda x: x.t() * 2 + x.t().sigmoid(), [(5, 3)]),
+    (lambda x: x.permute(2, 0, 1).clamp(-0.5, 0.5) - 1, [(2, 3, 4)]),
+    (lambda x: x[:, 1:5:2].erf() + x[:, 0:1].expand(3, 2), [(3, 8)]),
+    (lambda x: x.view(6, 4).abs().rsqrt(), [(2, 3, 4)]),
+    (lambda x: x.reshape(4, 6).pow(3).tanh() / 2, [(2, 12)]),
+    (lambda x: torch.nn.functional.gelu(x, approximate="tanh") + torch.nn.functional.gelu(x), [(4, 7)]),
+]
+POINTWISE_IDS = ["broadcast", "where", "transpose", "permute_clamp", "slices", "view", "reshape", "gelu"]
+
+
+@pytest.mark.parametrize("fn, shapes", POINTWISE_CASES, ids=POINTWISE_IDS)
 def test_pointwise_and_views(fn, shapes) -> None:
     check(fn, *(torch.randn(s) for s in shapes))
 
@@ -110,24 +110,24 @@ def test_noncontiguous_inputs() -> None:
     torch.testing.assert_close(compiled(x2, y2), (x2 * y2).sum(1))
 
 
-@pytest.mark.parametrize(
-    "fn",
-    [
-        lambda x: x.sum(0),
-        lambda x: x.amax(1, keepdim=True) - x,
-        lambda x: x.mean((0, 2)),
-        lambda x: x.amin(-1),
-        lambda x: torch.var(x, dim=1, keepdim=True),
-        lambda x: torch.var(x, dim=(0, 2), correction=0),
-        lambda x: x.prod(1),
-        lambda x: x.sum(),
-        lambda x: torch.log_softmax(x, dim=1),
-        lambda x: torch.softmax(x, dim=0),
-        lambda x: torch.nn.functional.layer_norm(x, (4,)) * 2,
-    ],
-    ids=["sum0", "amax_keepdim", "mean02", "amin", "var_keepdim", "var_multi", "prod", "sum_all",
-         "log_softmax", "softmax_dim0", "layer_norm"],
-)
+REDUCTION_CASES = [
+    lambda x: x.sum(0),
+    lambda x: x.amax(1, keepdim=True) - x,
+    lambda x: x.mean((0, 2)),
+    lambda x: x.amin(-1),
+    lambda x: torch.var(x, dim=1, keepdim=True),
+    lambda x: torch.var(x, dim=(0, 2), correction=0),
+    lambda x: x.prod(1),
+    lambda x: x.sum(),
+    lambda x: torch.log_softmax(x, dim=1),
+    lambda x: torch.softmax(x, dim=0),
+    lambda x: torch.nn.functional.layer_norm(x, (4,)) * 2,
+]
+REDUCTION_IDS = ["sum0", "amax_keepdim", "mean02", "amin", "var_keepdim", "var_multi", "prod", "sum_all",
+                 "log_softmax", "softmax_dim0", "layer_norm"]
+
+
+@pytest.mark.parametrize("fn", REDUCTION_CASES, ids=REDUCTION_IDS)
 def test_reductions(fn) -> None:
     compiled = check(fn, torch.randn(3, 5, 4), rtol=1e-5, atol=1e-5)
     assert kernel_calls(compiled.program)

@@ -54,7 +54,15 @@ OPTIONS: dict[str, Option] = {
         Option("debug_dir", str, None, "WRAPGEN_DEBUG_DIR", "write each graph's IR and emitted code here", True),
         Option("check_finite", bool, False, "WRAPGEN_CHECK_FINITE", "fail a call whose float outputs hold NaN/Inf"),
         Option("cache_dir", str, None, "WRAPGEN_CACHE_DIR", "where emitted artifacts are cached (~/.cache/wrapgen)", True),
-        Option("kernels", bool, True, "WRAPGEN_KERNELS", "generate fused kernels (C++ on CPU); off: library calls only"),
+        Option("kernels", bool, True, "WRAPGEN_KERNELS", "generate fused kernels (Triton on GPU, C++ on CPU); off: library calls only"),
+        Option(
+            "cpu_kernels",
+            str,
+            "cpp",
+            "WRAPGEN_CPU_KERNELS",
+            "language of CPU kernels: cpp, or triton (runs on the CPU only under TRITON_INTERPRET=1)",
+            choices=("cpp", "triton"),
+        ),
         Option(
             "memory_planning",
             str,
@@ -71,6 +79,7 @@ debug_dir: str | None = OPTIONS["debug_dir"].parse_env()
 check_finite: bool = OPTIONS["check_finite"].parse_env()
 cache_dir: str | None = OPTIONS["cache_dir"].parse_env()
 kernels: bool = OPTIONS["kernels"].parse_env()
+cpu_kernels: str = OPTIONS["cpu_kernels"].parse_env()
 memory_planning: str = OPTIONS["memory_planning"].parse_env()
 
 _module = sys.modules[__name__]

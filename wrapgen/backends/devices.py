@@ -39,11 +39,39 @@ class DeviceOverrides:
     def python_kernel_loader(self, kernels: list, signatures: dict[str, str]) -> list[str]:
         """Module-level Python that builds/loads `kernels` (KernelDefinition lines) and binds
         each to a module variable of the kernel's name, once, at import."""
+        lines: list[str] = []
+        triton = [k for k in kernels if k.language == "triton"]
+        if triton:
+            lines += triton_kernel_loader(triton)
+        if len(triton) != len(kernels):
+            raise NotImplementedError(f"no loader for {kernels[0].language} kernels on device type {self.device_type!r}")
+        return lines
+
+    def python_call_prologue(self, index: int | None) -> list[str]:
+        """Statements at the start of `call` before kernels of this device launch (get a stream)."""
+        return []
+
+    def python_kernel_launch(self, kernel, args: list[tuple[str, bool]], grid: list[str]) -> str:
+        """A Python statement launching `kernel` (its KernelDefinition); `args` are (expression,
+        is_tensor) pairs and `grid` the launch grid's expressions."""
+        if kernel.language == "triton":
+            g = (grid + ["1", "1", "1"])[:3]
+            return f"{kernel.name}({', '.join(g)}, {self.python_stream()}, {', '.join(a for a, _ in args)})"
         raise NotImplementedError(f"no kernel launcher for device type {self.device_type!r}")
 
-    def python_kernel_launch(self, kernel: str, args: list[tuple[str, bool]]) -> str:
-        """A Python statement launching `kernel`; `args` are (expression, is_tensor) pairs."""
-        raise NotImplementedError(f"no kernel launcher for device type {self.device_type!r}")
+    def python_stream(self) -> str:
+        """The expression for the stream a launch goes on."""
+        return "None"
+
+
+def triton_kernel_loader(kernels: list) -> list[str]:
+    """Compile the program's Triton kernels at import and bind one launcher per kernel. Sources
+    and metadata are embedded with repr(), which is safe for any text."""
+    lines = ["from wrapgen.kernels.triton.runtime import TritonKernels", "", "_triton_kernels = TritonKernels(["]
+    lines += [f"    ({k.name!r}, {k.source!r}, {k.metadata!r})," for k in kernels]
+    lines += ["])"]
+    lines += [f"{k.name} = _triton_kernels.launcher({k.name!r})" for k in kernels]
+    return lines
 
 
 @dataclass(frozen=True)
@@ -55,20 +83,28 @@ class CpuOverrides(DeviceOverrides):
         return f"empty_strided_cpu({sizes}, {strides}, {dtype})"
 
     def kernel_languages(self) -> tuple[str, ...]:
-        return ("cpp",)
+        from wrapgen.kernels.triton import compat
+
+        # Triton kernels run on the CPU only in Triton's interpreter (TRITON_INTERPRET=1).
+        return ("cpp", "triton") if compat.available() and compat.interpreting() else ("cpp",)
 
     def python_kernel_loader(self, kernels: list, signatures: dict[str, str]) -> list[str]:
         # All C++ kernels of the program go into one shared library; sources are embedded with
         # repr(), which is safe for any text (quotes, backslashes, newlines).
-        lines = ["from wrapgen.kernels.cpp.runtime import CppKernels", "", "_cpp_sources = ["]
-        lines += [f"    {k.source!r}," for k in kernels]
-        lines += ["]", "_cpp_kernels = CppKernels(_cpp_sources)"]
-        lines += [f"{k.name} = _cpp_kernels.bind({k.name!r}, {signatures.get(k.name, '')!r})" for k in kernels]
+        cpp = [k for k in kernels if k.language == "cpp"]
+        lines = super().python_kernel_loader([k for k in kernels if k.language != "cpp"], signatures) if len(cpp) != len(kernels) else []
+        if cpp:
+            lines += ["from wrapgen.kernels.cpp.runtime import CppKernels", "", "_cpp_sources = ["]
+            lines += [f"    {k.source!r}," for k in cpp]
+            lines += ["]", "_cpp_kernels = CppKernels(_cpp_sources)"]
+            lines += [f"{k.name} = _cpp_kernels.bind({k.name!r}, {signatures.get(k.name, '')!r})" for k in cpp]
         return lines
 
-    def python_kernel_launch(self, kernel: str, args: list[tuple[str, bool]]) -> str:
+    def python_kernel_launch(self, kernel, args: list[tuple[str, bool]], grid: list[str]) -> str:
+        if kernel.language != "cpp":
+            return super().python_kernel_launch(kernel, args, grid)
         # ctypes call of the bound C function: tensors as data pointers (storage offset included).
-        return f"{kernel}({', '.join(f'{a}.data_ptr()' if is_tensor else a for a, is_tensor in args)})"
+        return f"{kernel.name}({', '.join(f'{a}.data_ptr()' if is_tensor else a for a, is_tensor in args)})"
 
 
 @dataclass(frozen=True)
@@ -80,6 +116,21 @@ class CudaOverrides(DeviceOverrides):
 
     def python_device_guard(self, index: int | None) -> str | None:
         return f"torch.cuda.device({index or 0})"
+
+    def kernel_languages(self) -> tuple[str, ...]:
+        from wrapgen.kernels.triton import compat
+
+        return ("triton",) if compat.available() else ()
+
+    def python_call_prologue(self, index: int | None) -> list[str]:
+        # The raw handle of the current stream, read once per call (not once per launch).
+        return [f"_stream = _get_raw_stream({index or 0})"]
+
+    def python_kernel_loader(self, kernels: list, signatures: dict[str, str]) -> list[str]:
+        return ["from torch._C import _cuda_getCurrentRawStream as _get_raw_stream"] + super().python_kernel_loader(kernels, signatures)
+
+    def python_stream(self) -> str:
+        return "_stream"
 
     def synchronize(self) -> None:
         torch.cuda.synchronize()

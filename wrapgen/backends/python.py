@@ -79,7 +79,7 @@ def py_value(value: Arg) -> str:
 
 
 def kernel_device(kernel: KernelDefinition) -> str:
-    """The device type a kernel runs on (its metadata's "device", else from its language)."""
+    """The device a kernel runs on (its metadata's "device", else from its language)."""
     for key, value in kernel.metadata:
         if key == "device":
             return str(value)
@@ -130,6 +130,7 @@ class PythonEmitter(Emitter):
         self.allocated: set[str] = set()  # names whose storage starts at offset 0
         self.kernels: list[KernelDefinition] = []
         self.kernel_signatures: dict[str, str] = {}
+        self.call_prologues: set[str] = set()
         self.pool_views: dict[tuple[str, torch.dtype], str] = {}
         self.types = program.value_types()
         names = ", ".join(program.input_names())
@@ -313,8 +314,14 @@ class PythonEmitter(Emitter):
 
     def emit_kernel_call(self, line: KernelCall) -> None:
         definition = next(k for k in self.kernels if k.name == line.kernel)
+        device = torch.device(kernel_device(definition))
+        overrides = device_overrides(device)
+        if str(device) not in self.call_prologues:
+            self.call_prologues.add(str(device))
+            for text in overrides.python_call_prologue(device.index):
+                self.writeline(text)
         args = [(py_value(a), isinstance(a, TensorRef)) for a in line.args]
-        self.writeline(device_overrides(kernel_device(definition)).python_kernel_launch(line.kernel, args))
+        self.writeline(overrides.python_kernel_launch(definition, args, [py_expr(g) for g in line.grid]))
 
     def emit_symbolic_call_arg(self, line: SymbolicCallArg) -> None:
         self.writeline(f"{line.symbol} = {py_expr(line.expr)}")

@@ -6,9 +6,13 @@ from collections.abc import Callable
 
 
 def kernel_codegen(language: str) -> Callable:
-    """The generator for `language`: (group, name, needed buffers, dtypes) -> GeneratedKernel."""
+    """The generator for `language`: (group, name, needed buffers, dtypes, hints, aligned) -> GeneratedKernel."""
     if language == "cpp":
         from wrapgen.kernels.cpp.codegen import generate_cpp
 
         return generate_cpp
+    if language == "triton":
+        from wrapgen.kernels.triton.codegen import generate_triton
+
+        return generate_triton
     raise ValueError(f"no kernel code generator for language {language!r}")

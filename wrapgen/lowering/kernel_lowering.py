@@ -67,9 +67,10 @@ def _linear(index: tuple, strides: tuple) -> sympy.Expr:
 class KernelGraphLowering(GraphLowering):
     """GraphLowering that generates fused kernels for what `loop_ops` can lower."""
 
-    def __init__(self, captured, name: str = "forward", language: str = "cpp") -> None:
+    def __init__(self, captured, name: str = "forward", language: str | None = None) -> None:
         super().__init__(captured, name)
-        self.language = language
+        self.device = kernel_device(captured.graph_module.graph)
+        self.language = language or kernel_language(self.device)
         self.loop_nodes: set[torch.fx.Node] = set()
         self.compute: dict[str, ComputeNode] = {}
         self.stride_symbols: dict[tuple[str, int], sympy.Symbol] = {}
@@ -82,6 +83,8 @@ class KernelGraphLowering(GraphLowering):
 
     def _plan(self, graph: torch.fx.Graph) -> None:
         nodes = [n for n in graph.nodes if n.op == "call_function"]
+        if self.language is None:
+            return  # no kernel language for this device: library calls only
         if any(isinstance(n.target, torch._ops.OpOverload) and _mutated_argument_indices(n.target) for n in nodes):
             return  # a deferred (inlined) read could move past a write: keep library calls
         loop = set()
@@ -89,12 +92,23 @@ class KernelGraphLowering(GraphLowering):
             if n.target is operator.getitem:
                 if n.args[0] in loop:
                     loop.add(n)
-            elif supported(n):
+            elif supported(n, self.device.type) and not self._excluded(n):
                 loop.add(n)
         for n in reversed(nodes):  # a view is an index remap only if only loop code reads it
             if n in loop and op_key(n) in VIEW_OPS and any(u not in loop for u in n.users):
                 loop.discard(n)
         self.loop_nodes = loop
+
+    def _excluded(self, node: torch.fx.Node) -> bool:
+        """Ops the kernel language cannot express on this device (they stay library calls)."""
+        if self.language == "triton" and self.device.type == "cpu":
+            from wrapgen.kernels.triton.codegen import INTERPRETER_UNSUPPORTED
+
+            if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.name not in INTERPRETER_UNSUPPORTED:
+                return False
+            squares = node.target._schema.name == "aten::pow" and len(node.args) > 1 and node.args[1] in (2, 0.5)
+            return not squares  # x**2 and x**0.5 lower to a multiply and a sqrt
+        return False
 
     # -- the walk ------------------------------------------------------------------------
     def _lower_call(self, node: torch.fx.Node) -> object:
@@ -175,7 +189,7 @@ class KernelGraphLowering(GraphLowering):
         index = tuple(next(rs) if d in dims else next(xs) for d in range(len(sizes)))
         name = self.fresh()
         strides = contiguous_strides(rows)
-        self.lines.append(Allocate(name, TensorType(dtype, torch.device("cpu"), rows, strides)))
+        self.lines.append(Allocate(name, TensorType(dtype, self.device, rows, strides)))
         store = _linear(row_vars(len(rows)), strides)
         node = ComputeNode(
             name, dtype, rows, value.at(index), store, kind, reduced, sizes, index, accumulator_dtype(kind, dtype), origin
@@ -206,19 +220,28 @@ class KernelGraphLowering(GraphLowering):
         groups = schedule(order, position, readers)
         needed = {name for name, where in readers.items() if name in self.compute and _read_outside(name, where, lines, groups)}
         codegen = kernel_codegen(self.language)
+        hints = {info.symbol: info.hint for info in self.symbols.infos()}
+        aligned = {line.name for line in lines if isinstance(line, Allocate)}  # fresh allocations start aligned
         at_position: dict[int, list[WrapperLine]] = {}
         definitions: list[WrapperLine] = []
         written_all: set[str] = set()
+        shared: dict[tuple, str] = {}
         for number, group in enumerate(groups):
-            kernel = codegen(group, f"{self.language}_fused_{_describe(group)}_{number}", needed, self._buffer_dtypes())
+            kernel = codegen(group, f"{self.language}_fused_{_describe(group)}_{number}", needed, self._buffer_dtypes(),
+                             hints, aligned, self.device.type)
             calls: list[WrapperLine] = []
             for expr in kernel.host_exprs:
                 if expr not in self.call_symbols:
                     self.call_symbols[expr] = sympy.Symbol(self.fresh("ks"), integer=True)
                     calls.append(SymbolicCallArg(self.call_symbols[expr], expr))
             args = tuple(TensorRef(t) for t in kernel.tensors) + tuple(self.call_symbols.get(e, e) for e in kernel.scalars)
-            definitions.append(KernelDefinition(kernel.name, self.language, kernel.source, kernel.metadata))
-            calls.append(KernelCall(kernel.name, args, (), tuple(kernel.written)))
+            metadata = (("device", str(self.device)), *((k, v) for k, v in kernel.metadata if k != "device"))
+            # Groups that generate the same code (a chain of identical layers) share one kernel.
+            same_code = (kernel.source.replace(kernel.name, "KERNEL"), metadata)
+            name = shared.setdefault(same_code, kernel.name)
+            if name == kernel.name:
+                definitions.append(KernelDefinition(kernel.name, self.language, kernel.source, metadata))
+            calls.append(KernelCall(name, args, kernel.grid, tuple(kernel.written)))
             written_all.update(kernel.written)
             last = max(position[m.node.name] for m in group.members)
             at_position[last] = calls
@@ -279,6 +302,31 @@ def _describe(group: FusionGroup) -> str:
     return "_".join(names[:4]) or "kernel"
 
 
+
+
+def kernel_device(graph: torch.fx.Graph) -> torch.device:
+    """The device generated kernels run on: that of the graph's first tensor."""
+    for node in graph.nodes:
+        fake = node.meta.get("val")
+        first = fake[0] if isinstance(fake, (list, tuple)) and fake else fake
+        if isinstance(first, torch.Tensor):
+            return first.device
+    return torch.device("cpu")
+
+
+def kernel_language(device: torch.device) -> str | None:
+    """Triton on GPUs; C++ on the CPU unless `config.cpu_kernels` asks for Triton (interpreted)."""
+    from wrapgen import config
+
+    if device.type == "cpu":
+        return config.cpu_kernels
+    if device.type == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return None
+        return "triton"
+    return None
 
 
 def accumulator_dtype(kind: str, dtype: torch.dtype) -> torch.dtype:

@@ -57,21 +57,21 @@ def op_key(node: torch.fx.Node) -> str:
     return f"{target._schema.name}.{target._overloadname}"
 
 
-def supported(node: torch.fx.Node) -> bool:
-    """Whether `node` has a loop lowering for these arguments, dtypes and devices (CPU)."""
+def supported(node: torch.fx.Node, device_type: str = "cpu") -> bool:
+    """Whether `node` has a loop lowering for these arguments and dtypes, on `device_type`."""
     key = op_key(node)
     if key not in LOWERINGS:
         return False
     fakes = node.meta.get("val")
     outs = fakes if isinstance(fakes, (list, tuple)) else [fakes]
     for f in outs:
-        if not isinstance(f, torch.Tensor) or f.dtype not in SUPPORTED_DTYPES or f.device.type != "cpu":
+        if not isinstance(f, torch.Tensor) or f.dtype not in SUPPORTED_DTYPES or f.device.type != device_type:
             return False
         if any(_unbacked(s) for s in f.shape):
             return False
     for arg in node.all_input_nodes:
         f = arg.meta.get("val")
-        if isinstance(f, torch.Tensor) and (f.dtype not in SUPPORTED_DTYPES or f.device.type != "cpu"):
+        if isinstance(f, torch.Tensor) and (f.dtype not in SUPPORTED_DTYPES or f.device.type != device_type):
             return False
         if not isinstance(f, (torch.Tensor, torch.SymInt, int)) or isinstance(f, bool):  # no float sizes
             return False

@@ -20,7 +20,8 @@ import sympy
 import torch
 
 from wrapgen.kernels.cpp.printer import cpp_index
-from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, Load, loads, red_vars, row_vars
+from wrapgen.kernels.segments import read_in_later_segment, segments
+from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, Load, red_vars, row_vars
 from wrapgen.lowering.scheduler import FusionGroup, Member
 
 PARALLEL_THRESHOLD = 32768
@@ -42,6 +43,7 @@ class GeneratedKernel:
     host_exprs: tuple[sympy.Expr, ...]
     written: tuple[str, ...]
     metadata: tuple[tuple[str, object], ...]
+    grid: tuple[sympy.Expr, ...] = ()  # launch grid (Triton); C++ kernels run on the host
 
 
 def _fn(name: str, dtype: torch.dtype) -> str:
@@ -151,42 +153,9 @@ class CppKernelCodegen:
         self.read_from_memory: list[str] = []
         self.host: dict[sympy.Expr, str] = {}
         self.symbols: set[sympy.Symbol] = set()
-        self.items = self._segments()
-        self.stored = {n for n in self.members if n in needed} | self._reloaded()
-
-    # -- planning --------------------------------------------------------------------------
-    def _segments(self) -> list[tuple[str, list[Member]]]:
-        items: list[tuple[str, list[Member]]] = []
-        open_segment: list[Member] | None = None
-        for m in self.group.members:
-            if m.level == "row":
-                open_segment = None
-                items.append(("row", [m]))
-                continue
-            deps = {ld.buffer for ld in loads(m.node.body)}
-            if open_segment is not None and not any(
-                p.node.name in deps and p.level == "reduction" for p in open_segment
-            ):
-                open_segment.append(m)
-            else:
-                open_segment = [m]
-                items.append(("segment", open_segment))
-        return items
-
-    def _reloaded(self) -> set[str]:
-        """Inner-level results read in a later segment: those go through memory."""
-        where: dict[str, int] = {}
-        for i, (_, ms) in enumerate(self.items):
-            for m in ms:
-                where[m.node.name] = i
-        out = set()
-        for i, (_, ms) in enumerate(self.items):
-            for m in ms:
-                for ld in loads(m.node.body):
-                    producer = self.members.get(ld.buffer)
-                    if producer is not None and producer.level == "inner" and where[ld.buffer] != i:
-                        out.add(ld.buffer)
-        return out
+        self.items = segments(group)
+        # inner results read by a later pass go through memory
+        self.stored = {n for n in self.members if n in needed} | read_in_later_segment(self.items, self.members)
 
     # -- names -----------------------------------------------------------------------------
     def tmp(self) -> str:
@@ -373,5 +342,6 @@ def _is_loop_var(s: sympy.Symbol) -> bool:
     return name[:1] in ("x", "r") and name[1:].isdigit()
 
 
-def generate_cpp(group: FusionGroup, name: str, needed: set[str], dtypes: dict[str, torch.dtype]) -> GeneratedKernel:
+def generate_cpp(group: FusionGroup, name: str, needed: set[str], dtypes: dict[str, torch.dtype],
+                 hints: dict | None = None, aligned: set[str] | None = None, device_type: str = "cpu") -> GeneratedKernel:
     return CppKernelCodegen(group, name, needed, dtypes).generate()

@@ -1,0 +1,43 @@
+"""How a fusion group's members split into passes over the reduced dimensions.
+
+Shared by every kernel language: row-level members run once per row; consecutive inner
+and reduction members share one pass ("segment") over the reduced dimensions until a
+member needs a reduction result of the open segment, which starts the next pass.
+"""
+
+from __future__ import annotations
+
+from wrapgen.lowering.loop_ir import loads
+from wrapgen.lowering.scheduler import FusionGroup, Member
+
+Item = tuple[str, list[Member]]  # ("row", [member]) | ("segment", [members...])
+
+
+def segments(group: FusionGroup) -> list[Item]:
+    items: list[Item] = []
+    open_segment: list[Member] | None = None
+    for m in group.members:
+        if m.level == "row":
+            open_segment = None
+            items.append(("row", [m]))
+            continue
+        deps = {ld.buffer for ld in loads(m.node.body)}
+        if open_segment is not None and not any(p.node.name in deps and p.level == "reduction" for p in open_segment):
+            open_segment.append(m)
+        else:
+            open_segment = [m]
+            items.append(("segment", open_segment))
+    return items
+
+
+def read_in_later_segment(items: list[Item], members: dict[str, Member]) -> set[str]:
+    """Inner-level results read in a later segment than the one computing them."""
+    where = {m.node.name: i for i, (_, ms) in enumerate(items) for m in ms}
+    out = set()
+    for i, (_, ms) in enumerate(items):
+        for m in ms:
+            for ld in loads(m.node.body):
+                producer = members.get(ld.buffer)
+                if producer is not None and producer.level == "inner" and where[ld.buffer] != i:
+                    out.add(ld.buffer)
+    return out

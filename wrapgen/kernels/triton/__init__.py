@@ -1,0 +1,2 @@
+"""Triton kernels: codegen from fusion groups, the version-compatibility layer, and the runtime
+that compiles and launches them."""

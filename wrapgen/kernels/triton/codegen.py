@@ -1,0 +1,650 @@
+"""A fusion group → one Triton kernel (the source of a small Python module, as data).
+
+Layout of the generated kernel:
+
+    pointwise      one program per XBLOCK flat elements of the rows; xmask only when the
+                   block does not divide the element count
+    persistent     (static reduced size ≤ PERSISTENT_LIMIT) XBLOCK rows × RBLOCK ≥ reduced
+    reduction      elements per program: every pass over the reduced dims is one
+                   in-register block, so a row is read from memory once
+    looped         otherwise: each pass over the reduced dims is a loop over RBLOCK
+    reduction      chunks, accumulating elementwise and reducing across the block at the
+                   end; an inner value a later pass needs is recomputed from its inputs
+
+Index expressions whose loop variables follow a contiguous pattern become `xindex` /
+`rindex` (or `xindex % n`) so Triton sees contiguity and vectorizes; the rest decompose
+the flat index into per-dimension variables. Sizes that are neither literals nor bare
+symbols are computed on the host (`host_exprs`) and passed as scalars; the launch grid is
+an expression of the size symbols.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+from torch.utils._sympy.functions import CeilDiv
+
+from wrapgen.kernels.cpp.codegen import GeneratedKernel
+from wrapgen.kernels.segments import segments
+from wrapgen.kernels.triton.printer import triton_index
+from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, Load, loads, red_vars, row_vars, walk
+from wrapgen.lowering.scheduler import FusionGroup, Member
+
+PERSISTENT_LIMIT = 8192
+INT32_LIMIT = 2**31 - 1
+
+TL = {
+    torch.float32: "tl.float32", torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
+    torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+}
+
+XFLAT = sympy.Symbol("xindex", integer=True, nonnegative=True)
+RFLAT = sympy.Symbol("rindex", integer=True, nonnegative=True)
+
+HELPERS = {
+    "_wg_maximum": "def _wg_maximum(a, b):\n    return tl.where((a > b) | (a != a), a, b)\n",
+    "_wg_minimum": "def _wg_minimum(a, b):\n    return tl.where((a < b) | (a != a), a, b)\n",
+    "_wg_prod": "def _wg_prod(a, b):\n    return a * b\n",
+}
+
+# Triton's CPU interpreter cannot call libdevice: there these ops are written with tl's core
+# math instead (accurate to float32 test tolerances; the GPU path keeps libdevice).
+INTERPRETER_MATH = {
+    "tanh": "1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)",
+    "expm1": "tl.exp(x) - 1.0",
+    "log10": "tl.log(x) * 0.4342944819032518",
+    "log1p": "tl.log(1.0 + x)",
+    "tan": "tl.sin(x) / tl.cos(x)",
+    "sinh": "0.5 * (tl.exp(x) - tl.exp(-x))",
+    "cosh": "0.5 * (tl.exp(x) + tl.exp(-x))",
+    "asinh": "tl.where(x < 0, -tl.log(-x + tl.sqrt(x * x + 1.0)), tl.log(x + tl.sqrt(x * x + 1.0)))",
+    "acosh": "tl.log(x + tl.sqrt(x * x - 1.0))",
+    "atanh": "0.5 * tl.log((1.0 + x) / (1.0 - x))",
+    "sqrt": "tl.sqrt(x)",
+    "rsqrt": "1.0 / tl.sqrt(x)",
+    "trunc": "tl.where(x < 0, tl.ceil(x), tl.floor(x))",
+    "nearbyint": "tl.where((tl.floor(x + 0.5) - x == 0.5) & (tl.floor(x + 0.5) % 2 != 0), tl.floor(x + 0.5) - 1.0, tl.floor(x + 0.5))",
+}
+# ATen ops whose Triton form needs libdevice with no core-math equivalent: not lowered for the interpreter.
+INTERPRETER_UNSUPPORTED = frozenset({"aten::asin", "aten::acos", "aten::atan", "aten::atan2", "aten::pow", "aten::fmod"})
+
+_LIBDEVICE = {
+    "expm1", "log10", "log1p", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
+    "sqrt", "rsqrt", "trunc",
+}
+_TL_MATH = {"exp": "tl.exp", "exp2": "tl.exp2", "log": "tl.log", "log2": "tl.log2", "sin": "tl.sin", "cos": "tl.cos",
+            "erf": "tl.erf", "abs": "tl.abs", "floor": "tl.floor", "ceil": "tl.ceil"}
+
+
+def _is_loop(s: sympy.Symbol) -> bool:
+    name = str(s)
+    return s in (XFLAT, RFLAT) or (name[:1] in ("x", "r") and name[1:].isdigit())
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _product(sizes: tuple) -> sympy.Expr:
+    return sympy.Mul(*sizes) if sizes else sympy.Integer(1)
+
+
+@dataclass
+class _Writer:
+    depth: int = 1
+    lines: list[str] = field(default_factory=list)
+
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.depth + text)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Block sizes and warps, chosen from the problem size."""
+
+    xblock: int
+    rblock: int | None
+    num_warps: int
+    persistent: bool
+
+
+def choose_config(xnumel: sympy.Expr, rnumel: sympy.Expr | None, hint: dict) -> LaunchConfig:
+    x = int(sympy.sympify(xnumel).xreplace(hint)) if hint is not None else 1
+    if rnumel is None:  # pointwise: 1024 elements per program for large problems, fewer for small
+        xblock = min(1024, _next_pow2(max(x, 1)))
+        return LaunchConfig(xblock, None, max(1, min(4, xblock // 256)), False)
+    r_static = sympy.sympify(rnumel).is_Integer
+    r = int(sympy.sympify(rnumel).xreplace(hint))
+    if r_static and r <= PERSISTENT_LIMIT:
+        rblock = _next_pow2(max(r, 1))
+        xblock = max(1, min(_next_pow2(max(x, 1)), 4096 // rblock, 64))
+        warps = max(1, min(16, xblock * rblock // 256))
+        return LaunchConfig(xblock, rblock, warps, True)
+    rblock = min(2048, _next_pow2(max(r, 1)))
+    xblock = 1 if r >= 256 else max(1, min(64, 2048 // rblock))
+    return LaunchConfig(xblock, rblock, max(1, min(8, xblock * rblock // 256)), False)
+
+
+class TritonKernelCodegen:
+    """Generates one Triton kernel for one FusionGroup."""
+
+    def __init__(self, group: FusionGroup, name: str, needed: set[str], dtypes: dict[str, torch.dtype],
+                 hints: dict | None = None, aligned: set[str] | None = None, device_type: str = "cuda") -> None:
+        self.group, self.name, self.dtypes = group, name, dtypes
+        self.interpreted = device_type == "cpu"  # CPU Triton kernels run in Triton's interpreter
+        self.members = {m.node.name: m for m in group.members}
+        self.items = segments(group)
+        self.stored = {n for n in self.members if n in needed}
+        self.aligned = aligned if aligned is not None else set()
+        self.reduction = bool(group.reduced)
+        self.rows = tuple(sympy.sympify(s) for s in group.rows)
+        self.reduced = tuple(sympy.sympify(s) for s in group.reduced)
+        self.xnumel = _product(self.rows)
+        self.rnumel = _product(self.reduced) if self.reduction else None
+        self.config = choose_config(self.xnumel, self.rnumel, hints or {})
+        self.counter = 0
+        self.params: dict[str, str] = {}
+        self.read: list[str] = []
+        self.written: list[str] = []
+        self.host: dict[sympy.Expr, str] = {}
+        self.symbols: set[sympy.Symbol] = set()
+        self.helpers: set[str] = set()
+        self.libdevice = False
+        self.used_vars: set[str] = set()
+        self.index_bound_ok = True
+        self.hints = hints or {}
+
+    # -- sizes and indices -------------------------------------------------------------------
+    def size(self, expr: object) -> str:
+        e = sympy.sympify(expr)
+        if e.is_Integer:
+            return str(int(e))
+        if e.is_Symbol:
+            self.symbols.add(e)
+            return str(e)
+        if e not in self.host:
+            self.host[e] = f"ks{len(self.host)}"
+        return self.host[e]
+
+    def _name_of(self, s: sympy.Symbol) -> str:
+        if _is_loop(s):
+            self.used_vars.add(str(s))
+            return str(s)
+        self.symbols.add(s)
+        return str(s)
+
+    def index(self, expr: object) -> str:
+        e = self._flatten(sympy.expand(sympy.sympify(expr)))
+        self._check_bound(e)
+        return triton_index(e, self._name_of, self.size, _is_loop)
+
+    def _flatten(self, e: sympy.Expr) -> sympy.Expr:
+        zero = {v: 0 for v, s in zip(row_vars(len(self.rows)), self.rows) if s == 1}
+        zero.update({v: 0 for v, s in zip(red_vars(len(self.reduced)), self.reduced) if s == 1})
+        e = sympy.expand(e.xreplace(zero)) if zero else e
+        e = _flatten_dims(e, row_vars(len(self.rows)), self.rows, XFLAT)
+        return _flatten_dims(e, red_vars(len(self.reduced)), self.reduced, RFLAT)
+
+    def _check_bound(self, e: sympy.Expr) -> None:
+        """int32 indexing is safe only if every index stays below 2**31 for every size."""
+        if not self.index_bound_ok:
+            return
+        top = {XFLAT: self.xnumel - 1, RFLAT: (self.rnumel or 1) - 1}
+        top.update({v: s - 1 for v, s in zip(row_vars(len(self.rows)), self.rows)})
+        top.update({v: s - 1 for v, s in zip(red_vars(len(self.reduced)), self.reduced)})
+        try:
+            bound = sympy.sympify(e).xreplace(top)
+            if not bound.is_Integer or abs(int(bound)) > INT32_LIMIT:
+                self.index_bound_ok = False
+        except (TypeError, ValueError):
+            self.index_bound_ok = False
+
+    # -- values --------------------------------------------------------------------------------
+    def tmp(self) -> str:
+        self.counter += 1
+        return f"tmp{self.counter}"
+
+    def param(self, buffer: str, write: bool) -> str:
+        if buffer not in self.params:
+            self.params[buffer] = f"{'out' if write else 'in'}_ptr{len(self.params)}"
+        target = self.written if write else self.read
+        if buffer not in target:
+            target.append(buffer)
+        return self.params[buffer]
+
+    def _depends_on_r(self, expr: object) -> bool:
+        names = {str(s) for s in sympy.sympify(expr).free_symbols}
+        return any(n == "rindex" or (n[:1] == "r" and n[1:].isdigit()) for n in names)
+
+    def mask(self, expr: object) -> str | None:
+        parts = []
+        if self.needs_xmask:
+            parts.append("xmask")
+        if self.reduction and self.needs_rmask and self._depends_on_r(expr):
+            parts.append("rmask")
+        return " & ".join(parts) or None
+
+    def value(self, body: Body, memo: dict, local: dict[str, str], w: _Writer, recompute: dict[str, Member]) -> str:
+        if body in memo:
+            return memo[body]
+        if isinstance(body, Const):
+            return f"tl.full([], {_literal(body.value, body.dtype)}, {TL[body.dtype]})"
+        if isinstance(body, IndexValue):
+            index = self.index(body.expr)
+            text = f"({index}).to({TL[body.dtype]})" if _has_loop_var(body.expr) else f"tl.full([], {index}, {TL[body.dtype]})"
+        elif isinstance(body, Load):
+            if body.buffer in local:
+                return local[body.buffer]
+            if body.buffer in recompute:  # an inner value of an earlier pass (looped reductions)
+                return self.value(recompute[body.buffer].node.body, memo, local, w, recompute)
+            ptr = self.param(body.buffer, False)
+            flat = self._flatten(sympy.expand(sympy.sympify(body.index)))
+            mask = self.mask(flat) if _has_loop_var(flat) else None  # a scalar load is always in bounds
+            text = f"tl.load({ptr} + ({self.index(body.index)}){', ' + mask if mask else ''})"
+            if body.dtype == torch.bool:
+                text += ".to(tl.int1)"
+        else:
+            assert isinstance(body, Apply)
+            args = [self.value(a, memo, local, w, recompute) for a in body.args]
+            text = self.render(body.op, args, [a.dtype for a in body.args], body.dtype)
+        name = self.tmp()
+        w.line(f"{name} = {text}")
+        memo[body] = name
+        return name
+
+    def render(self, op: str, args: list[str], arg_dtypes: list[torch.dtype], dtype: torch.dtype) -> str:
+        t = TL[dtype]
+        a = args[0] if args else ""
+        b = args[1] if len(args) > 1 else ""
+        floating = dtype.is_floating_point
+        simple = {
+            "add": f"{a} + {b}", "sub": f"{a} - {b}", "mul": f"{a} * {b}", "div": f"{a} / {b}",
+            "eq": f"{a} == {b}", "ne": f"{a} != {b}", "lt": f"{a} < {b}", "le": f"{a} <= {b}",
+            "gt": f"{a} > {b}", "ge": f"{a} >= {b}", "and": f"{a} & {b}", "or": f"{a} | {b}",
+            "xor": f"{a} ^ {b}", "not": f"{a} == 0", "bitwise_and": f"{a} & {b}", "bitwise_or": f"{a} | {b}",
+            "bitwise_xor": f"{a} ^ {b}", "neg": f"-{a}", "where": f"tl.where({a}, {b}, {args[-1]})",
+            "clamp_min": f"tl.where({a} < {b}, {b}, {a})", "clamp_max": f"tl.where({b} < {a}, {b}, {a})",
+            "relu": f"tl.where({a} < 0, tl.full([], 0, {t}), {a})", "isnan": f"{a} != {a}",
+            "reciprocal": f"1.0 / {a}", "sigmoid": f"1.0 / (1.0 + tl.exp(-{a}))",
+        }
+        if op in simple:
+            return simple[op]
+        if op == "cast":
+            return f"({a} != 0)" if dtype == torch.bool else f"{a}.to({t})"
+        if op in ("maximum", "minimum"):
+            if not floating:
+                return f"tl.{op}({a}, {b})"
+            self.helpers.add(f"_wg_{op}")
+            return f"_wg_{op}({a}, {b})"
+        if op == "bitwise_not":
+            return f"{a} == 0" if dtype == torch.bool else f"~{a}"
+        if op == "abs":
+            return f"tl.abs({a})"
+        if op in ("floor", "ceil", "trunc", "round"):
+            if not floating:
+                return a
+            if op == "round":
+                return self.math("nearbyint", a)
+            if op == "trunc":
+                return self.math("trunc", a)
+            return f"tl.{op}({a})"
+        if op == "sign":
+            core = f"({a} > 0).to({t}) - ({a} < 0).to({t})"
+            return f"tl.where({a} != {a}, {a}, {core})" if floating else core
+        if op == "gelu":
+            return f"0.5 * {a} * (1.0 + tl.erf({a} * 0.7071067811865476))"
+        if op == "gelu_tanh":
+            inner = self.math("tanh", f"0.7978845608028654 * ({a} + 0.044715 * {a} * {a} * {a})")
+            return f"0.5 * {a} * (1.0 + {inner})"
+        if op in ("pow", "atan2", "fmod"):
+            self.libdevice = True
+            return f"libdevice.{op}({a}, {b})"
+        if op == "remainder":
+            return f"{a} - tl.floor({a} / {b}) * {b}"
+        if op in _TL_MATH:
+            return f"{_TL_MATH[op]}({a})"
+        if op in _LIBDEVICE:
+            return self.math(op, a)
+        raise NotImplementedError(f"no Triton rendering for op {op!r}")
+
+    def math(self, fn: str, x: str) -> str:
+        """A libdevice function on the GPU; a core-math helper in Triton's CPU interpreter."""
+        if self.interpreted:
+            if fn not in INTERPRETER_MATH:
+                raise NotImplementedError(f"{fn} has no Triton form for the CPU interpreter")
+            self.helpers.add(f"_wg_{fn}")
+            return f"_wg_{fn}({x})"
+        self.libdevice = True
+        return f"libdevice.{fn}({x})"
+
+    def _block(self, var: str, body: Body, level: str) -> str:
+        """`var` as a full block of the level's shape (a constant or scalar becomes one)."""
+        if _is_block(body):
+            return var
+        shape = self._shape(level)
+        return f"({var} + tl.zeros({shape}, {TL[body.dtype]}))"
+
+    def _shape(self, level: str) -> str:
+        if not self.reduction:
+            return "[XBLOCK]"
+        return "[XBLOCK, RBLOCK]" if level == "inner" else "[XBLOCK, 1]"
+
+    def store(self, member: Member, var: str, w: _Writer) -> None:
+        if member.node.name not in self.stored:
+            return
+        ptr = self.param(member.node.name, True)
+        index = self._flatten(sympy.expand(sympy.sympify(member.node.store_index)))
+        mask = self.mask(index)
+        value = self._block(var, member.node.body, member.level) if member.level != "reduction" else var
+        offset = self.index(member.node.store_index)
+        if not _has_loop_var(index):  # one element (a 0-dim result): a block of equal offsets
+            offset = f"tl.full({self._shape(member.level)}, {offset}, {'tl.int64' if not self.index_bound_ok else 'tl.int32'})"
+        w.line(f"tl.store({ptr} + ({offset}), {value}{', ' + mask if mask else ''})")
+
+    # -- emission ------------------------------------------------------------------------------
+    @property
+    def needs_xmask(self) -> bool:
+        return not (self.xnumel.is_Integer and int(self.xnumel) % self.config.xblock == 0)
+
+    @property
+    def needs_rmask(self) -> bool:
+        if not self.reduction:
+            return False
+        return not (self.rnumel.is_Integer and int(self.rnumel) % self.config.rblock == 0)
+
+    def generate(self) -> GeneratedKernel:
+        body = _Writer()
+        memo: dict[Body, str] = {}
+        local: dict[str, str] = {}
+        if not self.reduction:
+            for _, ms in self.items:
+                m = ms[0]
+                var = self.value(m.node.body, memo, local, body, {})
+                local[m.node.name] = var
+                self.store(m, var, body)
+        else:
+            for kind, ms in self.items:
+                if kind == "row":
+                    m = ms[0]
+                    var = self.value(m.node.body, memo, local, body, {})
+                    local[m.node.name] = var
+                    self.store(m, var, body)
+                elif self.config.persistent:
+                    self.persistent_segment(ms, memo, local, body)
+                else:
+                    self.looped_segment(ms, memo, local, body)
+        return self._finish(body)
+
+    def _reduce_input(self, m: Member, var: str, level_mask: bool) -> str:
+        """The value to accumulate, in the accumulator type, with masked lanes at the identity."""
+        acc_t = self._acc_dtype(m)
+        v = self._block(var, m.node.body, "inner")
+        if m.node.reduction in ("any", "all"):
+            v = f"({v} != 0).to(tl.int8)"
+        elif m.node.body.dtype != acc_t:
+            v = f"{v}.to({TL[acc_t]})"
+        if level_mask and self.needs_rmask:
+            v = f"tl.where(rmask, {v}, {self._identity(m)})"
+        return v
+
+    def _acc_dtype(self, m: Member) -> torch.dtype:
+        kind, dtype = m.node.reduction, m.node.dtype
+        if kind in ("any", "all"):
+            return torch.int8
+        if kind in ("sum", "prod"):
+            return dtype if dtype.is_floating_point else torch.int64
+        return m.node.body.dtype
+
+    def _identity(self, m: Member) -> str:
+        return f"tl.full([], {self._identity_literal(m)}, {TL[self._acc_dtype(m)]})"
+
+    def _identity_literal(self, m: Member) -> str:
+        acc = self._acc_dtype(m)
+        kind = m.node.reduction
+        if kind == "sum" or kind == "any":
+            value: object = 0
+        elif kind == "prod" or kind == "all":
+            value = 1
+        elif acc.is_floating_point:
+            value = -math.inf if kind == "max" else math.inf
+        elif acc == torch.bool:
+            value = kind == "min"
+        else:
+            info = torch.iinfo(acc)
+            value = info.min if kind == "max" else info.max
+        return _literal(value, acc)
+
+    def _combine_across(self, m: Member, v: str) -> str:
+        """Reduce a [XBLOCK, RBLOCK] block over the reduced axis to [XBLOCK, 1]."""
+        kind, acc = m.node.reduction, self._acc_dtype(m)
+        if kind == "sum":
+            text = f"tl.sum({v}, 1)"
+        elif kind == "prod":
+            self.helpers.add("_wg_prod")
+            text = f"tl.reduce({v}, 1, _wg_prod)"
+        elif kind in ("max", "min") and acc.is_floating_point:
+            fn = "_wg_maximum" if kind == "max" else "_wg_minimum"
+            self.helpers.add(fn)
+            text = f"tl.reduce({v}, 1, {fn})"
+        elif kind in ("max", "any"):
+            text = f"tl.max({v}, 1)"
+        else:
+            text = f"tl.min({v}, 1)"
+        return f"{text}[:, None]"
+
+    def _elementwise_extreme(self, m: Member, acc: str, update: str) -> str:
+        largest = m.node.reduction in ("max", "any")
+        if self._acc_dtype(m).is_floating_point:
+            fn = "_wg_maximum" if largest else "_wg_minimum"
+            self.helpers.add(fn)
+            return f"{fn}({acc}, {update})"
+        return f"tl.{'maximum' if largest else 'minimum'}({acc}, {update})"
+
+    def _finalize(self, m: Member, reduced: str) -> str:
+        if m.node.reduction in ("any", "all"):
+            return f"({reduced} != 0)"
+        if self._acc_dtype(m) != m.node.dtype:
+            return f"{reduced}.to({TL[m.node.dtype]})"
+        return reduced
+
+    def persistent_segment(self, members: list[Member], memo: dict, local: dict[str, str], w: _Writer) -> None:
+        for m in members:
+            var = self.value(m.node.body, memo, local, w, {})
+            if m.level == "inner":
+                local[m.node.name] = var
+                self.store(m, var, w)
+                continue
+            result = self.tmp()
+            w.line(f"{result} = {self._finalize(m, self._combine_across(m, self._reduce_input(m, var, True)))}")
+            local[m.node.name] = result
+            self.store(m, result, w)
+
+    def looped_segment(self, members: list[Member], memo: dict, local: dict[str, str], w: _Writer) -> None:
+        reductions = [m for m in members if m.level == "reduction"]
+        accs = {}
+        for m in reductions:
+            accs[m.node.name] = self.tmp()
+            w.line(f"{accs[m.node.name]} = tl.full([XBLOCK, RBLOCK], {self._identity_literal(m)}, {TL[self._acc_dtype(m)]})")
+        w.line("for roffset in range(0, rnumel, RBLOCK):")
+        inner = _Writer(w.depth + 1)
+        inner.line("rindex = roffset + rbase")
+        if self.needs_rmask:
+            inner.line("rmask = rindex < rnumel")
+        loop_body = _Writer(w.depth + 1)
+        inner_memo, inner_local = dict(memo), dict(local)
+        recompute = {n: m for n, m in self.members.items() if m.level == "inner" and n not in inner_local}
+        for m in members:
+            var = self.value(m.node.body, inner_memo, inner_local, loop_body, recompute)
+            if m.level == "inner":
+                inner_local[m.node.name] = var
+                recompute.pop(m.node.name, None)
+                self.store(m, var, loop_body)
+                continue
+            acc = accs[m.node.name]
+            update = self._reduce_input(m, var, True)
+            kind = m.node.reduction
+            if kind == "sum":
+                loop_body.line(f"{acc} = {acc} + {update}")
+            elif kind == "prod":
+                loop_body.line(f"{acc} = {acc} * {update}")
+            else:
+                loop_body.line(f"{acc} = {self._elementwise_extreme(m, acc, update)}")
+        self._decompose(inner, "r")
+        w.lines += inner.lines + loop_body.lines
+        self.used_vars = {v for v in self.used_vars if not v.startswith("r")}
+        for m in reductions:
+            result = self.tmp()
+            w.line(f"{result} = {self._finalize(m, self._combine_across(m, accs[m.node.name]))}")
+            local[m.node.name] = result
+            self.store(m, result, w)
+
+    def _decompose(self, w: _Writer, prefix: str) -> None:
+        """Per-dimension loop variables from the flat index, for those the body used."""
+        sizes = self.rows if prefix == "x" else self.reduced
+        flat = "xindex" if prefix == "x" else "rindex"
+        for d in range(len(sizes)):
+            var = f"{prefix}{d}"
+            if var not in self.used_vars:
+                continue
+            if sizes[d] == 1:
+                w.line(f"{var} = 0")
+                continue
+            inner = _product(sizes[d + 1:])
+            text = flat if inner == 1 else f"({flat} // {self.size(inner)})"
+            if d > 0:
+                text = f"({text} % {self.size(sizes[d])})"
+            w.line(f"{var} = {text}")
+
+    def _finish(self, body: _Writer) -> GeneratedKernel:
+        cfg = self.config
+        wide = not self.index_bound_ok
+        head = _Writer()
+        pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
+        head.line(f"xoffset = {pid} * XBLOCK")
+        if self.reduction:
+            head.line("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
+            if self.needs_xmask:
+                head.line(f"xmask = xindex < {self.size(self.xnumel)}")
+            if cfg.persistent:
+                head.line("rindex = tl.arange(0, RBLOCK)[None, :]")
+                if self.needs_rmask:
+                    head.line(f"rmask = rindex < {self.size(self.rnumel)}")
+            else:
+                head.line(f"rnumel = {self.size(self.rnumel)}")
+                head.line("rbase = tl.arange(0, RBLOCK)[None, :]")
+        else:
+            head.line("xindex = xoffset + tl.arange(0, XBLOCK)")
+            if self.needs_xmask:
+                head.line(f"xmask = xindex < {self.size(self.xnumel)}")
+        self._decompose(head, "x")
+        if cfg.persistent:
+            self._decompose(head, "r")
+
+        tensors = list(dict.fromkeys(self.read + self.written))
+        symbols = sorted(self.symbols, key=str)
+        host = list(self.host)
+        scalars = [str(s) for s in symbols] + [self.host[e] for e in host]
+        constexprs = [("XBLOCK", cfg.xblock)] + ([("RBLOCK", cfg.rblock)] if self.reduction else [])
+        params = [self.params[t] for t in tensors] + scalars + [f"{k}: tl.constexpr" for k, _ in constexprs]
+        lines = ["import triton", "import triton.language as tl"]
+        if self.libdevice:
+            lines.append("from triton.language.extra import libdevice")
+        lines.append("")
+        for helper in sorted(self.helpers):
+            text = HELPERS.get(helper) or f"def {helper}(x):\n    return {INTERPRETER_MATH[helper.removeprefix('_wg_')]}\n"
+            lines += ["", "@triton.jit", text.rstrip("\n")]
+        lines += ["", "", "@triton.jit", f"def {self.name}({', '.join(params)}):"]
+        source = "\n".join(lines + head.lines + body.lines) + "\n"
+        grid = (CeilDiv(self.xnumel, cfg.xblock) if not self.xnumel.is_Integer else sympy.Integer(-(-int(self.xnumel) // cfg.xblock)),)
+        origins = ",".join(dict.fromkeys(m.node.origin for m in self.group.members if m.node.origin))
+        metadata = (
+            ("ops", origins),
+            ("arg_names", tuple([self.params[t] for t in tensors] + scalars)),
+            ("arg_types", tuple([f"ptr:{str(self.dtypes[t]).removeprefix('torch.')}" for t in tensors]
+                                + ["int64" if wide else "int32"] * len(scalars))),
+            ("constexprs", tuple(constexprs)),
+            ("num_warps", cfg.num_warps),
+            ("index_dtype", "int64" if wide else "int32"),
+            ("unaligned", tuple(self.params[t] for t in tensors if t not in self.aligned)),
+        )
+        return GeneratedKernel(self.name, source, tuple(tensors), tuple(symbols) + tuple(host), tuple(host),
+                               tuple(self.written), metadata, grid)
+
+
+def _flatten_dims(e: sympy.Expr, variables: tuple, sizes: tuple, flat: sympy.Symbol) -> sympy.Expr:
+    """Rewrite the contiguous part of a linear index, Σ c·x_d with c_d = c_last·Π sizes after d,
+    as c_last·flat (every dimension) or c_last·(flat % Π suffix sizes) (a trailing suffix)."""
+    dims = [d for d, s in enumerate(sizes) if s != 1]
+    if not dims:
+        return e
+    coeffs: dict[int, sympy.Expr] = {}
+    rest = sympy.Integer(0)
+    position = {v: d for d, v in enumerate(variables)}
+    for term in sympy.Add.make_args(e):
+        used = [s for s in term.free_symbols if s in position]
+        if not used:
+            rest += term
+            continue
+        if len(used) != 1:
+            return e
+        c = sympy.simplify(term / used[0])
+        if c.free_symbols & set(variables) or any(_is_loop(s) for s in c.free_symbols):
+            return e
+        coeffs[position[used[0]]] = coeffs.get(position[used[0]], sympy.Integer(0)) + c
+    last = dims[-1]
+    if last not in coeffs:
+        return e
+    scale = coeffs[last]
+    start = len(dims)
+    running = sympy.Integer(1)
+    for d in reversed(dims):
+        if sympy.expand(coeffs.get(d, sympy.Integer(0)) - scale * running) != 0:
+            break
+        start -= 1
+        running = running * sizes[d]
+    if start == len(dims):
+        return e
+    suffix = dims[start:]
+    suffix_size = _product(tuple(sizes[d] for d in suffix))
+    whole = start == 0 and all(sizes[d] == 1 for d in range(dims[0]))
+    flat_part = flat if whole else sympy.Mod(flat, suffix_size, evaluate=False)
+    kept = sum((coeffs[d] * variables[d] for d in dims[:start] if d in coeffs), sympy.Integer(0))
+    return scale * flat_part + kept + rest
+
+
+def _has_loop_var(expr: object) -> bool:
+    return any(_is_loop(s) for s in sympy.sympify(expr).free_symbols)
+
+
+def _is_block(body: Body) -> bool:
+    """Whether `body` varies over the loop (else it is a scalar and needs broadcasting to store)."""
+    for node in walk(body):
+        if isinstance(node, Load) and _has_loop_var(node.index):
+            return True
+        if isinstance(node, IndexValue) and _has_loop_var(node.expr):
+            return True
+    return False
+
+
+def _literal(value: object, dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "1" if value else "0"
+    if dtype.is_floating_point:
+        v = float(value)
+        if math.isnan(v):
+            return 'float("nan")'
+        if math.isinf(v):
+            return 'float("inf")' if v > 0 else 'float("-inf")'
+        return repr(v)
+    return str(int(value))
+
+
+def generate_triton(group: FusionGroup, name: str, needed: set[str], dtypes: dict[str, torch.dtype],
+                    hints: dict | None = None, aligned: set[str] | None = None, device_type: str = "cuda") -> GeneratedKernel:
+    return TritonKernelCodegen(group, name, needed, dtypes, hints, aligned, device_type).generate()
+
+
+__all__ = ["LaunchConfig", "TritonKernelCodegen", "choose_config", "generate_triton", "loads"]

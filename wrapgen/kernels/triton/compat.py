@@ -1,0 +1,117 @@
+"""Everything that depends on Triton's version: loading, compiling and launching a kernel.
+
+Triton's compile and launch entry points move between releases; wrapgen touches them only
+here. Written against Triton 3.6 (and checked there):
+
+- a kernel is compiled once with `JITFunction.warmup`, from argument *types* (no tensors):
+  pointers as `MockTensor`s (16-byte aligned, or deliberately not), integers as example
+  values chosen so they are neither 1 nor a multiple of 16 (no value specialization);
+- launching calls the compiled kernel's C launcher directly:
+  `run(grid_x, grid_y, grid_z, stream, function, packed_metadata, launch_metadata,
+  enter_hook, exit_hook, *kernel_args)` — the same call `JITFunction.run` makes after
+  binding arguments, without the per-call binding and cache lookup;
+- under `TRITON_INTERPRET=1` (CPU) there is no binary: launches go through
+  `kernel[grid](*args)`, which runs the interpreter on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
+    try:
+        from triton import knobs
+
+        return bool(knobs.runtime.interpret)
+    except (ImportError, AttributeError):
+        return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def load_module(path: Path, module_name: str) -> ModuleType:
+    """Import a kernel's source file (Triton reads a kernel's source back through inspect)."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Pointer:
+    """Stands in for a tensor argument at compile time: a dtype and an address to judge alignment by."""
+
+    def __init__(self, dtype: torch.dtype, aligned: bool) -> None:
+        self.dtype = dtype
+        self._address = 0 if aligned else 4
+
+    def data_ptr(self) -> int:
+        return self._address
+
+
+def example_int(wide: bool) -> int:
+    """An integer argument value that Triton will not specialize on (not 1, not 16-divisible)."""
+    return 2**40 + 3 if wide else 3
+
+
+def compile_kernel(
+    jit_fn,
+    arg_kinds: list[tuple[str, object]],
+    constexprs: dict[str, int],
+    num_warps: int,
+    device_index: int = 0,
+):
+    """Compile `jit_fn` for arguments described by `arg_kinds`: ("ptr", (dtype, aligned)) or
+    ("int", wide). Returns the compiled kernel (or the JITFunction itself when interpreting)."""
+    if interpreting():
+        return jit_fn
+    args = [_Pointer(*info) if kind == "ptr" else example_int(info) for kind, info in arg_kinds]
+    with torch.cuda.device(device_index):
+        return jit_fn.warmup(*args, grid=(1,), num_warps=num_warps, num_stages=1, **constexprs)
+
+
+def bind_launcher(compiled, jit_fn, constexprs: dict[str, int], device_index: int = 0) -> Callable[..., None]:
+    """A launcher `launch(grid_x, grid_y, grid_z, stream, *args)` bound once to the compiled kernel."""
+    if interpreting():
+        def launch_interpreted(gx: int, gy: int, gz: int, stream: object, *args: object) -> None:
+            jit_fn[(gx, gy, gz)](*args, **constexprs)
+
+        return launch_interpreted
+    with torch.cuda.device(device_index):
+        run = compiled.run  # loads the binary onto the device on first access
+    function, packed = compiled.function, compiled.packed_metadata
+    tail = tuple(constexprs.values())
+
+    def launch(gx: int, gy: int, gz: int, stream: int, *args: object) -> None:
+        run(gx, gy, gz, stream, function, packed, None, None, None, *args, *tail)
+
+    return launch
+
+
+def warm_cache_in_subprocess(source_path: str, name: str, arg_kinds: list, constexprs: dict, num_warps: int) -> str:
+    """Compile in a worker process so the parent's compile is a Triton cache hit."""
+    jit_fn = getattr(load_module(Path(source_path), f"wrapgen_triton_{Path(source_path).stem}"), name)
+    compile_kernel(jit_fn, arg_kinds, constexprs, num_warps)
+    return name
