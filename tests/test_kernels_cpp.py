@@ -59,7 +59,7 @@ def test_golden_ir_of_a_fused_program() -> None:
         "  2  assert_input args_1: f32[8] strides [1] cpu\n"
         "  3  kernel cpp_fused_relu_0 [cpp] (13 lines) device='cpu', ops='aten::relu.default'\n"
         "  4  buf0 = allocate f32[4, 8] strides [8, 1] cpu\n"
-        "  5  call cpp_fused_relu_0(args_0, args_1, buf0)  writes buf0\n"
+        "  5  call cpp_fused_relu_0(args_0, args_1, buf0)  writes buf0  may alias buf0<-args_0\n"
         "  6  free args_0\n"
         "  7  free args_1\n"
         "  8  return (buf0,)\n"

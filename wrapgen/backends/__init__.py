@@ -2,15 +2,18 @@
 
 from wrapgen.backends.devices import DeviceOverrides, device_overrides, register_device_overrides
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
+from wrapgen.backends.fx import FxEmitter
 from wrapgen.backends.python import PythonEmitter
 from wrapgen.backends.registry import get_backend, register_backend, registered_backends
 
 register_backend("python", PythonEmitter)
+register_backend("fx", FxEmitter)
 
 __all__ = [
     "CompiledArtifact",
     "DeviceOverrides",
     "Emitter",
+    "FxEmitter",
     "PythonEmitter",
     "device_overrides",
     "get_backend",

@@ -30,6 +30,27 @@ def segments(group: FusionGroup) -> list[Item]:
     return items
 
 
+def in_place_pairs(group: FusionGroup, stored: set[str], dtypes: dict) -> tuple[tuple[str, str], ...]:
+    """(output, input) pairs a pointwise kernel may compute in place: the output is the last
+    store of the kernel (so every read precedes it) and the input is read only at the very
+    element the output is written to, with the same element type."""
+    if group.reduced or not group.members:
+        return ()
+    last = group.members[-1].node
+    if last.name not in stored:
+        return ()
+    indices: dict[str, set] = {}
+    for m in group.members:
+        for ld in loads(m.node.body):
+            indices.setdefault(ld.buffer, set()).add(ld.index)
+    produced = {m.node.name for m in group.members}
+    return tuple(
+        (last.name, buffer)
+        for buffer, seen in indices.items()
+        if buffer not in produced and seen == {last.store_index} and dtypes.get(buffer) == last.dtype
+    )
+
+
 def read_in_later_segment(items: list[Item], members: dict[str, Member]) -> set[str]:
     """Inner-level results read in a later segment than the one computing them."""
     where = {m.node.name: i for i, (_, ms) in enumerate(items) for m in ms}

@@ -224,8 +224,8 @@ class KernelGraphLowering(GraphLowering):
         aligned = {line.name for line in lines if isinstance(line, Allocate)}  # fresh allocations start aligned
         at_position: dict[int, list[WrapperLine]] = {}
         definitions: list[WrapperLine] = []
-        written_all: set[str] = set()
         shared: dict[tuple, str] = {}
+        allocations = {line.name: line for line in lines if isinstance(line, Allocate) and line.name in self.compute}
         for number, group in enumerate(groups):
             kernel = codegen(group, f"{self.language}_fused_{_describe(group)}_{number}", needed, self._buffer_dtypes(),
                              hints, aligned, self.device.type)
@@ -241,16 +241,17 @@ class KernelGraphLowering(GraphLowering):
             name = shared.setdefault(same_code, kernel.name)
             if name == kernel.name:
                 definitions.append(KernelDefinition(kernel.name, self.language, kernel.source, metadata))
-            calls.append(KernelCall(name, args, kernel.grid, tuple(kernel.written)))
-            written_all.update(kernel.written)
+            # Outputs are allocated right before the call (memory planning may then write in place).
+            calls += [allocations[w] for w in kernel.written if w in allocations]
+            calls.append(KernelCall(name, args, kernel.grid, tuple(kernel.written), kernel.may_alias))
             last = max(position[m.node.name] for m in group.members)
             at_position[last] = calls
         out: list[WrapperLine] = definitions
         for i, line in enumerate(lines):
             if isinstance(line, PendingCompute):
                 out.extend(at_position.get(i, ()))
-            elif isinstance(line, Allocate) and line.name in self.compute and line.name not in written_all:
-                continue
+            elif isinstance(line, Allocate) and line.name in self.compute:
+                continue  # placed before its kernel's call (or not needed at all)
             else:
                 out.append(line)
         return out

@@ -411,6 +411,9 @@ class KernelCall(WrapperLine):
     args: tuple[Arg, ...]
     grid: tuple[sympy.Expr, ...] = ()
     writes: tuple[str, ...] = ()
+    # (output, input) pairs that may share storage: the kernel reads the input only at the
+    # element it writes, before writing it. Memory planning may then write in place.
+    may_alias: tuple[tuple[str, str], ...] = ()
 
     def uses(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(arg_tensor_names(self.args)))
@@ -418,10 +421,17 @@ class KernelCall(WrapperLine):
     def symbols_used(self) -> set[sympy.Symbol]:
         return arg_symbols(self.args) | arg_symbols(self.grid)
 
+    def check(self) -> None:
+        used = set(self.uses())
+        for out, source in self.may_alias:
+            if out not in self.writes or source not in used:
+                raise ValueError(f"may_alias pair ({out}, {source}) must name a written buffer and an argument")
+
     def format(self) -> str:
         grid = f" grid [{format_shape(self.grid)}]" if self.grid else ""
         text = f"call {self.kernel}({', '.join(format_arg(a) for a in self.args)}){grid}"
-        return text + (f"  writes {', '.join(self.writes)}" if self.writes else "")
+        text += f"  writes {', '.join(self.writes)}" if self.writes else ""
+        return text + (f"  may alias {', '.join(f'{o}<-{i}' for o, i in self.may_alias)}" if self.may_alias else "")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import sympy
 import torch
 
 from wrapgen.kernels.cpp.printer import cpp_index
-from wrapgen.kernels.segments import read_in_later_segment, segments
+from wrapgen.kernels.segments import in_place_pairs, read_in_later_segment, segments
 from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, Load, red_vars, row_vars
 from wrapgen.lowering.scheduler import FusionGroup, Member
 
@@ -44,6 +44,7 @@ class GeneratedKernel:
     written: tuple[str, ...]
     metadata: tuple[tuple[str, object], ...]
     grid: tuple[sympy.Expr, ...] = ()  # launch grid (Triton); C++ kernels run on the host
+    may_alias: tuple[tuple[str, str], ...] = ()  # (output, input) pairs safe to compute in place
 
 
 def _fn(name: str, dtype: torch.dtype) -> str:
@@ -310,13 +311,16 @@ class CppKernelCodegen:
 
     def _finish(self, body: _Writer) -> GeneratedKernel:
         tensors = list(dict.fromkeys(self.read_from_memory + self.written))
+        may_alias = in_place_pairs(self.group, self.stored, self.dtypes)
+        aliased = {name for pair in may_alias for name in pair}
         params = []
         for t in tensors:
             ctype = CTYPES[self.dtypes[t]]
+            restrict = "" if t in aliased else " __restrict__"  # buffers that may share storage are not restrict
             if t in self.written:
-                params.append(f"{ctype}* __restrict__ {self.params[t]}")
+                params.append(f"{ctype}*{restrict} {self.params[t]}")
             else:
-                params.append(f"const {ctype}* __restrict__ {self.params[t]}")
+                params.append(f"const {ctype}*{restrict} {self.params[t]}")
         symbols = sorted(self.symbols, key=str)
         params += [f"int64_t {s}" for s in symbols]
         host = list(self.host)
@@ -325,7 +329,8 @@ class CppKernelCodegen:
         source = "\n".join([head, *body.lines, "}"]) + "\n"
         origins = ",".join(dict.fromkeys(m.node.origin for m in self.group.members if m.node.origin))
         metadata = (("device", "cpu"), ("ops", origins))
-        return GeneratedKernel(self.name, source, tuple(tensors), tuple(symbols) + tuple(host), tuple(host), tuple(self.written), metadata)
+        return GeneratedKernel(self.name, source, tuple(tensors), tuple(symbols) + tuple(host), tuple(host),
+                               tuple(self.written), metadata, may_alias=may_alias)
 
 
 def _extreme(dtype: torch.dtype, kind: str) -> str:

@@ -28,7 +28,7 @@ import torch
 from torch.utils._sympy.functions import CeilDiv
 
 from wrapgen.kernels.cpp.codegen import GeneratedKernel
-from wrapgen.kernels.segments import segments
+from wrapgen.kernels.segments import in_place_pairs, segments
 from wrapgen.kernels.triton.printer import triton_index
 from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, Load, loads, red_vars, row_vars, walk
 from wrapgen.lowering.scheduler import FusionGroup, Member
@@ -571,7 +571,7 @@ class TritonKernelCodegen:
             ("unaligned", tuple(self.params[t] for t in tensors if t not in self.aligned)),
         )
         return GeneratedKernel(self.name, source, tuple(tensors), tuple(symbols) + tuple(host), tuple(host),
-                               tuple(self.written), metadata, grid)
+                               tuple(self.written), metadata, grid, in_place_pairs(self.group, self.stored, self.dtypes))
 
 
 def _flatten_dims(e: sympy.Expr, variables: tuple, sizes: tuple, flat: sympy.Symbol) -> sympy.Expr:

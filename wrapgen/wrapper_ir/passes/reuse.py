@@ -4,8 +4,9 @@ Two cases, both expressed as IR so every target follows the plan; a reuse that w
 the program's peak (holding dead storage while other buffers are allocated) is skipped:
 - a dead buffer: its last `Free` moves up to just after a `ReuseBuffer` that hands its
   storage to a later allocation of the same device and element size;
-- in place: an elementwise library call whose input dies at that very call writes its
-  result over the input (same layout; ATen's pointwise kernels allow exact overlap).
+- in place: an elementwise library call, or a generated kernel that declares the pair in
+  `may_alias`, whose input dies at that very call writes its result over the input (same
+  layout; each element is read before it is written).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from wrapgen.wrapper_ir.lines import Allocate, ExternKernel, Free, ReuseBuffer, WrapperLine
+from wrapgen.wrapper_ir.lines import Allocate, ExternKernel, Free, KernelCall, ReuseBuffer, WrapperLine
 from wrapgen.wrapper_ir.passes.peak_memory import live_bytes
 from wrapgen.wrapper_ir.passes.storage import StorageAnalysis
 from wrapgen.wrapper_ir.passes.symbolic import provably_nonnegative
@@ -79,26 +80,34 @@ class _Planner:
         return deaths
 
     def in_place_source(self, index: int, line: Allocate) -> str | None:
-        """An input of the next line that dies there and has exactly the new buffer's layout."""
-        if index + 1 >= len(self.lines):
+        """An input of the line that first writes the new buffer (after any other allocations
+        for it) that dies there and has exactly the new buffer's layout."""
+        at = index + 1
+        while at < len(self.lines) and isinstance(self.lines[at], Allocate):
+            at += 1
+        if at >= len(self.lines):
             return None
-        writer = self.lines[index + 1]
-        if not (isinstance(writer, ExternKernel) and writer.writes == (line.name,) and is_pointwise(writer.op)):
+        writer = self.lines[at]
+        if isinstance(writer, ExternKernel) and writer.writes == (line.name,) and is_pointwise(writer.op):
+            candidates = [arg.name for arg in writer.args if isinstance(arg, TensorRef)]
+        elif isinstance(writer, KernelCall):
+            candidates = [source for out, source in writer.may_alias if out == line.name]
+        else:
             return None
-        for arg in writer.args:
-            if not isinstance(arg, TensorRef) or arg.name == line.name:
+        for name in candidates:
+            if name == line.name:
                 continue
-            storage = self.analysis.storage(arg.name)
-            source = self.allocation_of(arg.name)
-            if source is None or storage.root != arg.name or source.type != line.type or storage.death is None:
+            storage = self.analysis.storage(name)
+            source = self.allocation_of(name)
+            if source is None or storage.root != name or source.type != line.type or storage.death is None:
                 continue
             # A view of the same storage read with another layout would see overwritten data.
             other_views = [
-                a for a in writer.uses() if a not in (arg.name, line.name) and self.analysis.root_of.get(a) == storage.root
+                a for a in writer.uses() if a not in (name, line.name) and self.analysis.root_of.get(a) == storage.root
             ]
-            between = self.lines[index + 2 : storage.death + 1]
+            between = self.lines[at + 1 : storage.death + 1]
             if not other_views and all(isinstance(other, Free) for other in between):
-                return arg.name
+                return name
         return None
 
     def raises_peak(self, choice: _Dead, index: int, line: Allocate) -> bool:
