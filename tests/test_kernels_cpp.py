@@ -122,9 +122,10 @@ REDUCTION_CASES = [
     lambda x: torch.log_softmax(x, dim=1),
     lambda x: torch.softmax(x, dim=0),
     lambda x: torch.nn.functional.layer_norm(x, (4,)) * 2,
+    lambda x: (x.argmax(1), x.argmin(-1, keepdim=True), x.argmax()),
 ]
 REDUCTION_IDS = ["sum0", "amax_keepdim", "mean02", "amin", "var_keepdim", "var_multi", "prod", "sum_all",
-                 "log_softmax", "softmax_dim0", "layer_norm"]
+                 "log_softmax", "softmax_dim0", "layer_norm", "argmax_argmin"]
 
 
 @pytest.mark.parametrize("fn", REDUCTION_CASES, ids=REDUCTION_IDS)
@@ -138,6 +139,14 @@ def test_max_propagates_nan() -> None:
     compiled = wrapgen.compile(lambda t: t.amax(1), (x,))
     x[1, 3] = float("nan")
     torch.testing.assert_close(compiled(x), x.amax(1), equal_nan=True)
+
+
+def test_argmax_takes_the_first_nan_and_the_first_tie() -> None:
+    x = torch.randn(5, 40)
+    compiled = wrapgen.compile(lambda t: (t.argmax(1), t.argmin(1)), (x,))
+    x[1, 7], x[1, 30], x[3, :] = float("nan"), float("nan"), 2.0
+    torch.testing.assert_close(compiled(x), (x.argmax(1), x.argmin(1)))
+    assert not externs(compiled.program)
 
 
 def test_int_and_bool_dtypes() -> None:

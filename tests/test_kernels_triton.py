@@ -104,6 +104,15 @@ def test_max_propagates_nan() -> None:
     torch.testing.assert_close(compiled(x), (x.amax(1), x.amin(1)), equal_nan=True)
 
 
+@pytest.mark.parametrize("cols", [40, 9001], ids=["persistent", "looped"])
+def test_argmax_takes_the_first_nan_and_the_first_tie(cols: int) -> None:
+    x = randn(5, cols)
+    compiled = wrapgen.compile(lambda t: (t.argmax(1), t.argmin(1), t.argmax()), (x,))
+    x[1, 7], x[1, 30], x[3, :] = float("nan"), float("nan"), 2.0
+    torch.testing.assert_close(compiled(x), (x.argmax(1), x.argmin(1), x.argmax()))
+    assert not externs(compiled.program)
+
+
 def test_int_and_bool_dtypes() -> None:
     def fn(a, b, m):
         s = a * 3 + b

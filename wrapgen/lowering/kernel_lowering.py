@@ -102,7 +102,7 @@ class KernelGraphLowering(GraphLowering):
     def _excluded(self, node: torch.fx.Node) -> bool:
         """Ops the kernel language cannot express on this device (they stay library calls)."""
         if self.language == "triton" and self.device.type == "cpu":
-            from wrapgen.kernels.triton.codegen import INTERPRETER_UNSUPPORTED
+            from wrapgen.kernels.triton.ops import INTERPRETER_UNSUPPORTED
 
             if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.name not in INTERPRETER_UNSUPPORTED:
                 return False
@@ -191,9 +191,8 @@ class KernelGraphLowering(GraphLowering):
         strides = contiguous_strides(rows)
         self.lines.append(Allocate(name, TensorType(dtype, self.device, rows, strides)))
         store = _linear(row_vars(len(rows)), strides)
-        node = ComputeNode(
-            name, dtype, rows, value.at(index), store, kind, reduced, sizes, index, accumulator_dtype(kind, dtype), origin
-        )
+        acc = value.dtype if kind in ("argmax", "argmin") else accumulator_dtype(kind, dtype)  # best value so far
+        node = ComputeNode(name, dtype, rows, value.at(index), store, kind, reduced, sizes, index, acc, origin)
         self._add_compute(node)
         out_sizes = tuple(sympy.Integer(1) if d in dims else s for d, s in enumerate(sizes)) if keepdim else rows
         out_vars = row_vars(len(out_sizes))

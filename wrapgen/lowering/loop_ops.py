@@ -553,6 +553,21 @@ def _amax(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     return ctx.reduce(ctx.value(node.args[0]), dims, False if whole else _keepdim(node, 2), kind, out.dtype, kind)
 
 
+def _arg_check(node: torch.fx.Node) -> bool:
+    source = fake(node.args[0])
+    return _reduction_check(node) and source.dtype != torch.bool and source.dim() > 0 and source.numel() != 0
+
+
+@register("aten::argmax.default", "aten::argmin.default", check=_arg_check)
+def _argmax(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    """The index of the first largest (smallest) element; NaN counts as largest (and smallest)."""
+    dim = arg(node, 1, "dim")
+    whole = dim is None
+    dims = tuple(range(fake(node.args[0]).dim())) if whole else _dims(node, 1, "dim")
+    kind = "argmax" if node.target._schema.name == "aten::argmax" else "argmin"
+    return ctx.reduce(ctx.value(node.args[0]), dims, _keepdim(node, 2), kind, torch.int64, kind)
+
+
 @register("aten::any.dim", "aten::any.dims", "aten::any.default", "aten::all.dim", "aten::all.dims", "aten::all.default", check=_reduction_check)
 def _any(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     out = out_fake(node)

@@ -265,6 +265,12 @@ class CppKernelCodegen:
         accs: dict[str, tuple[str, str | None]] = {}
         clauses = []
         for m in reductions:
+            if m.node.reduction in ARG_REDUCTIONS:
+                acc, best = self.tmp(), self.tmp()
+                w.line(f"{CTYPES[m.node.acc_dtype]} {acc} = {_extreme(m.node.acc_dtype, m.node.reduction[3:])};")
+                w.line(f"int64_t {best} = 0;")
+                accs[m.node.name] = (acc, best)
+                continue
             acc, nan = self.tmp(), None
             init, _, op = _REDUCE[m.node.reduction]
             if init is None:
@@ -277,8 +283,9 @@ class CppKernelCodegen:
             clauses.append(f"reduction({op}:{acc})")
             accs[m.node.name] = (acc, nan)
         rs = red_vars(len(self.group.reduced))
+        ordered = any(m.node.reduction in ARG_REDUCTIONS for m in reductions)  # first index wins: no simd
         for d, (r, extent) in enumerate(zip(rs, self.group.reduced)):
-            if d == len(rs) - 1:
+            if d == len(rs) - 1 and not ordered:
                 w.line(" ".join(["#pragma omp simd", *clauses]))
             w.line(f"for (int64_t {r} = 0; {r} < {self.size(extent)}; ++{r}) {{")
             w.depth += 1
@@ -290,6 +297,12 @@ class CppKernelCodegen:
                 self.store(m, var, w)
                 continue
             acc, nan = accs[m.node.name]
+            if m.node.reduction in ARG_REDUCTIONS:
+                better = f"{var} > {acc}" if m.node.reduction == "argmax" else f"{var} < {acc}"
+                if m.node.acc_dtype.is_floating_point:  # the first NaN wins, as in eager
+                    better = f"{better} || ({var} != {var} && {acc} == {acc})"
+                w.line(f"if ({better}) {{ {acc} = {var}; {nan} = {self.index(_flat_reduced_index(self.group))}; }}")
+                continue
             w.line(_REDUCE[m.node.reduction][1].format(acc=acc, v=var, A=CTYPES[m.node.acc_dtype]))
             if nan is not None:
                 w.line(f"{nan} |= ({var} != {var});")
@@ -299,6 +312,9 @@ class CppKernelCodegen:
         for m in reductions:
             acc, nan = accs[m.node.name]
             t = CTYPES[m.node.dtype]
+            if m.node.reduction in ARG_REDUCTIONS:
+                w.line(f"{results[m.node.name]} = {nan};")
+                continue
             result = f"static_cast<{t}>({acc})"
             if nan is not None:
                 result = f"{nan} ? std::numeric_limits<{t}>::quiet_NaN() : {result}"
@@ -331,6 +347,18 @@ class CppKernelCodegen:
         metadata = (("device", "cpu"), ("ops", origins))
         return GeneratedKernel(self.name, source, tuple(tensors), tuple(symbols) + tuple(host), tuple(host),
                                tuple(self.written), metadata, may_alias=may_alias)
+
+
+ARG_REDUCTIONS = ("argmax", "argmin")
+
+
+def _flat_reduced_index(group: FusionGroup) -> sympy.Expr:
+    """The row-major position within the reduced dimensions (what argmax/argmin return)."""
+    flat, stride = sympy.Integer(0), sympy.Integer(1)
+    for r, extent in reversed(list(zip(red_vars(len(group.reduced)), group.reduced))):
+        flat += r * stride
+        stride = stride * extent
+    return flat
 
 
 def _extreme(dtype: torch.dtype, kind: str) -> str:

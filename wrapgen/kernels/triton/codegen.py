@@ -29,6 +29,7 @@ from torch.utils._sympy.functions import CeilDiv
 
 from wrapgen.kernels.cpp.codegen import GeneratedKernel
 from wrapgen.kernels.segments import in_place_pairs, segments
+from wrapgen.kernels.triton.ops import ARG_REDUCTIONS, TL, OpRenderer, literal
 from wrapgen.kernels.triton.printer import triton_index
 from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, Load, loads, red_vars, row_vars, walk
 from wrapgen.lowering.scheduler import FusionGroup, Member
@@ -36,48 +37,9 @@ from wrapgen.lowering.scheduler import FusionGroup, Member
 PERSISTENT_LIMIT = 8192
 INT32_LIMIT = 2**31 - 1
 
-TL = {
-    torch.float32: "tl.float32", torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
-    torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
-}
 
 XFLAT = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RFLAT = sympy.Symbol("rindex", integer=True, nonnegative=True)
-
-HELPERS = {
-    "_wg_maximum": "def _wg_maximum(a, b):\n    return tl.where((a > b) | (a != a), a, b)\n",
-    "_wg_minimum": "def _wg_minimum(a, b):\n    return tl.where((a < b) | (a != a), a, b)\n",
-    "_wg_prod": "def _wg_prod(a, b):\n    return a * b\n",
-}
-
-# Triton's CPU interpreter cannot call libdevice: there these ops are written with tl's core
-# math instead (accurate to float32 test tolerances; the GPU path keeps libdevice).
-INTERPRETER_MATH = {
-    "tanh": "1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)",
-    "expm1": "tl.exp(x) - 1.0",
-    "log10": "tl.log(x) * 0.4342944819032518",
-    "log1p": "tl.log(1.0 + x)",
-    "tan": "tl.sin(x) / tl.cos(x)",
-    "sinh": "0.5 * (tl.exp(x) - tl.exp(-x))",
-    "cosh": "0.5 * (tl.exp(x) + tl.exp(-x))",
-    "asinh": "tl.where(x < 0, -tl.log(-x + tl.sqrt(x * x + 1.0)), tl.log(x + tl.sqrt(x * x + 1.0)))",
-    "acosh": "tl.log(x + tl.sqrt(x * x - 1.0))",
-    "atanh": "0.5 * tl.log((1.0 + x) / (1.0 - x))",
-    "sqrt": "tl.sqrt(x)",
-    "rsqrt": "1.0 / tl.sqrt(x)",
-    "trunc": "tl.where(x < 0, tl.ceil(x), tl.floor(x))",
-    "nearbyint": "tl.where((tl.floor(x + 0.5) - x == 0.5) & (tl.floor(x + 0.5) % 2 != 0), tl.floor(x + 0.5) - 1.0, tl.floor(x + 0.5))",
-}
-# ATen ops whose Triton form needs libdevice with no core-math equivalent: not lowered for the interpreter.
-INTERPRETER_UNSUPPORTED = frozenset({"aten::asin", "aten::acos", "aten::atan", "aten::atan2", "aten::pow", "aten::fmod"})
-
-_LIBDEVICE = {
-    "expm1", "log10", "log1p", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
-    "sqrt", "rsqrt", "trunc",
-}
-_TL_MATH = {"exp": "tl.exp", "exp2": "tl.exp2", "log": "tl.log", "log2": "tl.log2", "sin": "tl.sin", "cos": "tl.cos",
-            "erf": "tl.erf", "abs": "tl.abs", "floor": "tl.floor", "ceil": "tl.ceil"}
-
 
 def _is_loop(s: sympy.Symbol) -> bool:
     name = str(s)
@@ -128,7 +90,7 @@ def choose_config(xnumel: sympy.Expr, rnumel: sympy.Expr | None, hint: dict) -> 
     return LaunchConfig(xblock, rblock, max(1, min(8, xblock * rblock // 256)), False)
 
 
-class TritonKernelCodegen:
+class TritonKernelCodegen(OpRenderer):
     """Generates one Triton kernel for one FusionGroup."""
 
     def __init__(self, group: FusionGroup, name: str, needed: set[str], dtypes: dict[str, torch.dtype],
@@ -231,7 +193,7 @@ class TritonKernelCodegen:
         if body in memo:
             return memo[body]
         if isinstance(body, Const):
-            return f"tl.full([], {_literal(body.value, body.dtype)}, {TL[body.dtype]})"
+            return f"tl.full([], {literal(body.value, body.dtype)}, {TL[body.dtype]})"
         if isinstance(body, IndexValue):
             index = self.index(body.expr)
             text = f"({index}).to({TL[body.dtype]})" if _has_loop_var(body.expr) else f"tl.full([], {index}, {TL[body.dtype]})"
@@ -254,71 +216,6 @@ class TritonKernelCodegen:
         w.line(f"{name} = {text}")
         memo[body] = name
         return name
-
-    def render(self, op: str, args: list[str], arg_dtypes: list[torch.dtype], dtype: torch.dtype) -> str:
-        t = TL[dtype]
-        a = args[0] if args else ""
-        b = args[1] if len(args) > 1 else ""
-        floating = dtype.is_floating_point
-        simple = {
-            "add": f"{a} + {b}", "sub": f"{a} - {b}", "mul": f"{a} * {b}", "div": f"{a} / {b}",
-            "eq": f"{a} == {b}", "ne": f"{a} != {b}", "lt": f"{a} < {b}", "le": f"{a} <= {b}",
-            "gt": f"{a} > {b}", "ge": f"{a} >= {b}", "and": f"{a} & {b}", "or": f"{a} | {b}",
-            "xor": f"{a} ^ {b}", "not": f"{a} == 0", "bitwise_and": f"{a} & {b}", "bitwise_or": f"{a} | {b}",
-            "bitwise_xor": f"{a} ^ {b}", "neg": f"-{a}", "where": f"tl.where({a}, {b}, {args[-1]})",
-            "clamp_min": f"tl.where({a} < {b}, {b}, {a})", "clamp_max": f"tl.where({b} < {a}, {b}, {a})",
-            "relu": f"tl.where({a} < 0, tl.full([], 0, {t}), {a})", "isnan": f"{a} != {a}",
-            "reciprocal": f"1.0 / {a}", "sigmoid": f"1.0 / (1.0 + tl.exp(-{a}))",
-        }
-        if op in simple:
-            return simple[op]
-        if op == "cast":
-            return f"({a} != 0)" if dtype == torch.bool else f"{a}.to({t})"
-        if op in ("maximum", "minimum"):
-            if not floating:
-                return f"tl.{op}({a}, {b})"
-            self.helpers.add(f"_wg_{op}")
-            return f"_wg_{op}({a}, {b})"
-        if op == "bitwise_not":
-            return f"{a} == 0" if dtype == torch.bool else f"~{a}"
-        if op == "abs":
-            return f"tl.abs({a})"
-        if op in ("floor", "ceil", "trunc", "round"):
-            if not floating:
-                return a
-            if op == "round":
-                return self.math("nearbyint", a)
-            if op == "trunc":
-                return self.math("trunc", a)
-            return f"tl.{op}({a})"
-        if op == "sign":
-            core = f"({a} > 0).to({t}) - ({a} < 0).to({t})"
-            return f"tl.where({a} != {a}, {a}, {core})" if floating else core
-        if op == "gelu":
-            return f"0.5 * {a} * (1.0 + tl.erf({a} * 0.7071067811865476))"
-        if op == "gelu_tanh":
-            inner = self.math("tanh", f"0.7978845608028654 * ({a} + 0.044715 * {a} * {a} * {a})")
-            return f"0.5 * {a} * (1.0 + {inner})"
-        if op in ("pow", "atan2", "fmod"):
-            self.libdevice = True
-            return f"libdevice.{op}({a}, {b})"
-        if op == "remainder":
-            return f"{a} - tl.floor({a} / {b}) * {b}"
-        if op in _TL_MATH:
-            return f"{_TL_MATH[op]}({a})"
-        if op in _LIBDEVICE:
-            return self.math(op, a)
-        raise NotImplementedError(f"no Triton rendering for op {op!r}")
-
-    def math(self, fn: str, x: str) -> str:
-        """A libdevice function on the GPU; a core-math helper in Triton's CPU interpreter."""
-        if self.interpreted:
-            if fn not in INTERPRETER_MATH:
-                raise NotImplementedError(f"{fn} has no Triton form for the CPU interpreter")
-            self.helpers.add(f"_wg_{fn}")
-            return f"_wg_{fn}({x})"
-        self.libdevice = True
-        return f"libdevice.{fn}({x})"
 
     def _block(self, var: str, body: Body, level: str) -> str:
         """`var` as a full block of the level's shape (a constant or scalar becomes one)."""
@@ -392,6 +289,8 @@ class TritonKernelCodegen:
 
     def _acc_dtype(self, m: Member) -> torch.dtype:
         kind, dtype = m.node.reduction, m.node.dtype
+        if kind in ARG_REDUCTIONS:
+            return m.node.body.dtype  # the best value so far; its index is tracked beside it
         if kind in ("any", "all"):
             return torch.int8
         if kind in ("sum", "prod"):
@@ -409,13 +308,13 @@ class TritonKernelCodegen:
         elif kind == "prod" or kind == "all":
             value = 1
         elif acc.is_floating_point:
-            value = -math.inf if kind == "max" else math.inf
+            value = -math.inf if kind in ("max", "argmax") else math.inf
         elif acc == torch.bool:
             value = kind == "min"
         else:
             info = torch.iinfo(acc)
-            value = info.min if kind == "max" else info.max
-        return _literal(value, acc)
+            value = info.min if kind in ("max", "argmax") else info.max
+        return literal(value, acc)
 
     def _combine_across(self, m: Member, v: str) -> str:
         """Reduce a [XBLOCK, RBLOCK] block over the reduced axis to [XBLOCK, 1]."""
@@ -450,6 +349,11 @@ class TritonKernelCodegen:
             return f"{reduced}.to({TL[m.node.dtype]})"
         return reduced
 
+    def _arg_reduce(self, m: Member, values: str, indices: str) -> str:
+        """The winning index of a [XBLOCK, RBLOCK] block of (value, index) pairs, as [XBLOCK, 1]."""
+        self.helpers.add(f"_wg_{m.node.reduction}")
+        return f"tl.reduce(({values}, {indices}), 1, _wg_{m.node.reduction})[1][:, None]"
+
     def persistent_segment(self, members: list[Member], memo: dict, local: dict[str, str], w: _Writer) -> None:
         for m in members:
             var = self.value(m.node.body, memo, local, w, {})
@@ -458,6 +362,12 @@ class TritonKernelCodegen:
                 self.store(m, var, w)
                 continue
             result = self.tmp()
+            if m.node.reduction in ARG_REDUCTIONS:
+                indices = "tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64)"
+                w.line(f"{result} = {self._arg_reduce(m, self._reduce_input(m, var, True), indices)}")
+                local[m.node.name] = result
+                self.store(m, result, w)
+                continue
             w.line(f"{result} = {self._finalize(m, self._combine_across(m, self._reduce_input(m, var, True)))}")
             local[m.node.name] = result
             self.store(m, result, w)
@@ -465,9 +375,14 @@ class TritonKernelCodegen:
     def looped_segment(self, members: list[Member], memo: dict, local: dict[str, str], w: _Writer) -> None:
         reductions = [m for m in members if m.level == "reduction"]
         accs = {}
+        best_index: dict[str, str] = {}
         for m in reductions:
             accs[m.node.name] = self.tmp()
             w.line(f"{accs[m.node.name]} = tl.full([XBLOCK, RBLOCK], {self._identity_literal(m)}, {TL[self._acc_dtype(m)]})")
+            if m.node.reduction in ARG_REDUCTIONS:
+                # index 0 with the identity value: it can only win when every element equals the identity
+                best_index[m.node.name] = self.tmp()
+                w.line(f"{best_index[m.node.name]} = tl.full([XBLOCK, RBLOCK], 0, tl.int64)")
         w.line("for roffset in range(0, rnumel, RBLOCK):")
         inner = _Writer(w.depth + 1)
         inner.line("rindex = roffset + rbase")
@@ -486,7 +401,15 @@ class TritonKernelCodegen:
             acc = accs[m.node.name]
             update = self._reduce_input(m, var, True)
             kind = m.node.reduction
-            if kind == "sum":
+            if kind in ARG_REDUCTIONS:
+                better = f"{update} {'>' if kind == 'argmax' else '<'} {acc}"
+                if self._acc_dtype(m).is_floating_point:
+                    better = f"({better}) | (({update} != {update}) & ({acc} == {acc}))"
+                take = self.tmp()
+                loop_body.line(f"{take} = {better}")
+                loop_body.line(f"{best_index[m.node.name]} = tl.where({take}, rindex.to(tl.int64), {best_index[m.node.name]})")
+                loop_body.line(f"{acc} = tl.where({take}, {update}, {acc})")
+            elif kind == "sum":
                 loop_body.line(f"{acc} = {acc} + {update}")
             elif kind == "prod":
                 loop_body.line(f"{acc} = {acc} * {update}")
@@ -497,7 +420,10 @@ class TritonKernelCodegen:
         self.used_vars = {v for v in self.used_vars if not v.startswith("r")}
         for m in reductions:
             result = self.tmp()
-            w.line(f"{result} = {self._finalize(m, self._combine_across(m, accs[m.node.name]))}")
+            if m.node.reduction in ARG_REDUCTIONS:
+                w.line(f"{result} = {self._arg_reduce(m, accs[m.node.name], best_index[m.node.name])}")
+            else:
+                w.line(f"{result} = {self._finalize(m, self._combine_across(m, accs[m.node.name]))}")
             local[m.node.name] = result
             self.store(m, result, w)
 
@@ -553,9 +479,7 @@ class TritonKernelCodegen:
         if self.libdevice:
             lines.append("from triton.language.extra import libdevice")
         lines.append("")
-        for helper in sorted(self.helpers):
-            text = HELPERS.get(helper) or f"def {helper}(x):\n    return {INTERPRETER_MATH[helper.removeprefix('_wg_')]}\n"
-            lines += ["", "@triton.jit", text.rstrip("\n")]
+        lines += self.helper_sources()
         lines += ["", "", "@triton.jit", f"def {self.name}({', '.join(params)}):"]
         source = "\n".join(lines + head.lines + body.lines) + "\n"
         grid = (CeilDiv(self.xnumel, cfg.xblock) if not self.xnumel.is_Integer else sympy.Integer(-(-int(self.xnumel) // cfg.xblock)),)
@@ -627,19 +551,6 @@ def _is_block(body: Body) -> bool:
         if isinstance(node, IndexValue) and _has_loop_var(node.expr):
             return True
     return False
-
-
-def _literal(value: object, dtype: torch.dtype) -> str:
-    if dtype == torch.bool:
-        return "1" if value else "0"
-    if dtype.is_floating_point:
-        v = float(value)
-        if math.isnan(v):
-            return 'float("nan")'
-        if math.isinf(v):
-            return 'float("inf")' if v > 0 else 'float("-inf")'
-        return repr(v)
-    return str(int(value))
 
 
 def generate_triton(group: FusionGroup, name: str, needed: set[str], dtypes: dict[str, torch.dtype],

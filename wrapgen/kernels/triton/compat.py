@@ -110,6 +110,12 @@ def bind_launcher(compiled, jit_fn, constexprs: dict[str, int], device_index: in
     return launch
 
 
+def prepare_worker() -> None:
+    """Start-up of a compile worker: import what every compile needs once."""
+    import triton  # noqa: F401
+    import triton.language  # noqa: F401
+
+
 def warm_cache_in_subprocess(source_path: str, name: str, arg_kinds: list, constexprs: dict, num_warps: int) -> str:
     """Compile in a worker process so the parent's compile is a Triton cache hit."""
     jit_fn = getattr(load_module(Path(source_path), f"wrapgen_triton_{Path(source_path).stem}"), name)

@@ -24,7 +24,11 @@ from wrapgen.backends.cache import cache_root
 from wrapgen.kernels.triton import compat
 
 # Compile in worker processes when a program brings at least this many kernels not yet built.
-PARALLEL_MIN = 4
+# Starting workers (spawn, import torch and Triton) costs seconds: on the H100 a per-program
+# pool of 16 workers put a transformer block's cold compile at ~11 s, against ~1 s for the
+# same program once its kernels were in Triton's cache. So only large programs use the
+# (then kept) pool; a few kernels compile one after another in this process.
+PARALLEL_MIN = 16
 PROGRESS_MIN = 8
 
 stats = {"compiled": 0, "cache_hits": 0}
@@ -132,19 +136,32 @@ class TritonKernels:
         todo = [spec for spec in self.specs.values() if not _marker(spec).exists()]
         if len(todo) < PARALLEL_MIN:
             return
-        import multiprocessing
-
-        workers = min(len(todo), os.cpu_count() or 1, 16)
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [
-                pool.submit(compat.warm_cache_in_subprocess, str(source_path(s.source)), s.name, s.arg_kinds(True),
-                            s.constexprs, s.num_warps)
-                for s in todo
-            ]
-            for future in _progress(futures, "compiling Triton kernels (workers)"):
-                future.result()
+        pool = compile_pool()
+        futures = [
+            pool.submit(compat.warm_cache_in_subprocess, str(source_path(s.source)), s.name, s.arg_kinds(True),
+                        s.constexprs, s.num_warps)
+            for s in todo
+        ]
+        for future in _progress(futures, "compiling Triton kernels (workers)"):
+            future.result()
         for spec in todo:
             _marker(spec).touch()
+
+
+_pool: ProcessPoolExecutor | None = None
+
+
+def compile_pool() -> ProcessPoolExecutor:
+    """One pool of compile workers per process, kept for later programs."""
+    global _pool
+    with _lock:
+        if _pool is None:
+            import multiprocessing
+
+            workers = max(1, min(os.cpu_count() or 1, 16))
+            _pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=compat.prepare_worker)
+        return _pool
 
 
 def _marker(spec: KernelSpec) -> Path:

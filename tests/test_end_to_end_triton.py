@@ -1,0 +1,38 @@
+"""The end-to-end models of test_end_to_end.py again, with every generated kernel in Triton:
+on the GPU's CPU-side twin, Triton's interpreter (TRITON_INTERPRET=1, set by conftest.py on
+machines without CUDA), so CI checks Triton codegen on whole models, static and dynamic.
+The tests that exercise bad input and options only (no kernels) are not repeated."""
+
+from __future__ import annotations
+
+import pytest
+
+import wrapgen
+from tests.test_end_to_end import (  # noqa: F401  (pytest collects the imported tests)
+    test_conv_bn_pool_net,
+    test_dynamic_input_size_is_a_product_of_symbols,
+    test_dynamic_input_size_is_an_expression,
+    test_dynamic_torch_compile,
+    test_dynamic_wrapgen_compile,
+    test_inplace,
+    test_inplace_buffer_update,
+    test_int_bool_and_zero_dim,
+    test_mlp,
+    test_noncontiguous_input,
+    test_noncontiguous_matmul_operands,
+    test_topk_sort,
+    test_training_step,
+    test_transformer_block,
+    test_view_outputs,
+)
+from wrapgen.kernels.triton import compat
+
+pytestmark = pytest.mark.skipif(
+    not (compat.available() and compat.interpreting()), reason="needs triton in interpreter mode (CPU machines)"
+)
+
+
+@pytest.fixture(autouse=True)
+def triton_kernels():
+    with wrapgen.config.patch(cpu_kernels="triton", kernels=True):
+        yield
