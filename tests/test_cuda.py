@@ -30,7 +30,13 @@ def block() -> torch.nn.Module:
     return torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True, norm_first=True)
 
 
-@pytest.mark.parametrize("target", wrapgen.backends.registered_backends())
+def _cuda_targets() -> list:
+    # The C++ target has no CUDA kernel loader yet (#6): it refuses a program with Triton kernels.
+    no_loader = pytest.mark.xfail(raises=wrapgen.UnsupportedLineError, strict=True, reason="C++ target: no CUDA kernel loader yet")
+    return [pytest.param(t, marks=no_loader) if t == "cpp" else t for t in wrapgen.backends.registered_backends()]
+
+
+@pytest.mark.parametrize("target", _cuda_targets())
 @pytest.mark.parametrize("make_model, shape", [(conv_net, (4, 3, 8, 8)), (block, (2, 16, 64))])
 def test_models_match_eager_on_cuda(target: str, make_model, shape) -> None:
     model = make_model().cuda().eval()

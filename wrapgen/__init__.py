@@ -6,6 +6,7 @@
 """
 
 from wrapgen import backends, config, wrapper_ir
+from wrapgen.aot import aot_compile, load_package
 from wrapgen.api import build, compile, lower
 from wrapgen.compiled import CompiledFunction
 from wrapgen.errors import LoweringError, UnsupportedLineError, WrapgenError
@@ -15,10 +16,12 @@ __all__ = [
     "LoweringError",
     "UnsupportedLineError",
     "WrapgenError",
+    "aot_compile",
     "backends",
     "build",
     "compile",
     "config",
+    "load_package",
     "lower",
     "wrapper_ir",
 ]

@@ -1,5 +1,6 @@
 """Targets: emitters that print a Wrapper IR program for one runtime, and their registry."""
 
+from wrapgen.backends.cpp import CppEmitter
 from wrapgen.backends.devices import DeviceOverrides, device_overrides, register_device_overrides
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
 from wrapgen.backends.fx import FxEmitter
@@ -8,9 +9,11 @@ from wrapgen.backends.registry import get_backend, register_backend, registered_
 
 register_backend("python", PythonEmitter)
 register_backend("fx", FxEmitter)
+register_backend("cpp", CppEmitter)
 
 __all__ = [
     "CompiledArtifact",
+    "CppEmitter",
     "DeviceOverrides",
     "Emitter",
     "FxEmitter",

@@ -1,0 +1,261 @@
+"""The C++ target (`target="cpp"`): every end-to-end model of test_end_to_end.py, static and
+dynamic, against eager on fresh inputs, with generated kernels on and off and in every
+memory-planning mode; call-time input checks; the emitted source itself.
+
+Each case compiles a real shared library with g++ (cached by content within the session).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+
+import wrapgen
+from tests import test_end_to_end as e2e
+from wrapgen.backends.cpp import CppEmitter
+from wrapgen.backends.python_runtime import InputMismatchError
+from wrapgen.errors import UnsupportedLineError
+from wrapgen.wrapper_ir import Comment, ExternKernel, Output, Program, TensorRef
+from wrapgen.wrapper_ir.program import TensorInput
+from wrapgen.wrapper_ir.values import TensorType
+
+# (kernels, memory_planning): every model runs in each; dynamic programs and small functions in
+# a subset with kernels on and off and each planning mode (each case is a g++ build; CI has two
+# cores).
+ALL_MODES = [(k, p) for k in (True, False) for p in ("none", "reuse", "pooled")]
+SOME_MODES = [(True, "reuse"), (False, "none"), (False, "pooled")]
+DYNAMIC_MODES = [(True, "pooled"), (False, "reuse"), (True, "none")]
+
+
+def mode_id(mode) -> str:
+    kernels, planning = mode
+    return f"{'kernels' if kernels else 'nokernels'}-{planning}"
+
+
+def compile_cpp(model, example_inputs, mode, dynamic: bool = False):
+    kernels, planning = mode
+    with wrapgen.config.patch(kernels=kernels, memory_planning=planning):
+        compiled = wrapgen.compile(model, example_inputs, target="cpp", dynamic=dynamic)
+    assert compiled.target == "cpp"
+    assert "aoti_torch" in compiled.source, "the emitted code talks to tensors through the C shim"
+    return compiled
+
+
+def storage_of(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def check_case(model, make, mode, calls: int = 2, **tolerances) -> None:
+    """Eager and compiled on fresh inputs: same outputs, same input mutations, same aliasing."""
+    compiled = compile_cpp(model, tuple(t.clone() for t in make()), mode)
+    for _ in range(calls):
+        inputs = make()
+        eager_inputs = [t.clone() for t in inputs]
+        compiled_inputs = [t.clone() for t in inputs]
+        with torch.no_grad():
+            expected = model(*eager_inputs)
+            actual = compiled(*compiled_inputs)
+        e2e.assert_same_result(actual, expected, **tolerances)
+        torch.testing.assert_close(compiled_inputs, eager_inputs)
+        e2e.assert_same_aliasing(actual, expected, compiled_inputs, eager_inputs)
+        for a, e in zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected)):
+            if any(storage_of(e) == storage_of(x) for x in eager_inputs):  # views of inputs keep eager's layout
+                assert (a.stride(), a.storage_offset()) == (e.stride(), e.storage_offset())
+    assert compiled.artifact.call.live_handles() == 0, "the model's code holds no tensor handle between calls"
+
+
+MODELS = {
+    "mlp": (lambda: e2e.MLP().eval(), e2e.fresh_randn(4, 8), {}),
+    "conv_bn_pool": (lambda: e2e.ConvNet().eval(), e2e.fresh_randn(2, 3, 8, 8), {}),
+    "mha_block": (lambda: e2e.MHABlock().eval(), e2e.fresh_randn(2, 5, 16), {"rtol": 1e-5, "atol": 1e-5}),
+    "sdpa_block": (lambda: e2e.SDPABlock().eval(), e2e.fresh_randn(2, 5, 16), {"rtol": 1e-5, "atol": 1e-5}),
+}
+
+FUNCTIONS = {
+    "topk_largest": (e2e.topk_largest, e2e.fresh_randn(6, 7)),
+    "sort_descending": (e2e.sort_descending, e2e.fresh_randn(6, 7)),
+    "topk_sort_variants": (e2e.topk_sort_variants, e2e.fresh_randn(6, 7)),
+    "views_of_input": (e2e.views_of_input, e2e.fresh_randn(6, 8)),
+    "views_of_intermediate": (e2e.views_of_intermediate, e2e.fresh_randn(6, 8)),
+    "split_of_intermediate": (e2e.split_of_intermediate, e2e.fresh_randn(6, 8)),
+    **{f"noncontiguous_{k}": (e2e.pointwise_reduce_reshape, (lambda m=m: (m(),))) for k, m in e2e.NONCONTIGUOUS.items()},
+    "noncontiguous_matmul": (e2e.matmul_two_inputs, lambda: (torch.randn(6, 4).t(), torch.randn(12, 5)[::2])),
+    **{k: v for k, v in e2e.CASES_7.items()},
+    **{f"inplace_{k}": v for k, v in e2e.INPLACE.items()},
+}
+
+
+@pytest.mark.parametrize("mode", ALL_MODES, ids=mode_id)
+@pytest.mark.parametrize("name", list(MODELS))
+def test_model(name, mode):
+    build, make, tolerances = MODELS[name]
+    check_case(build(), make, mode, **tolerances)
+
+
+@pytest.mark.parametrize("mode", SOME_MODES, ids=mode_id)
+@pytest.mark.parametrize("name", list(FUNCTIONS))
+def test_function(name, mode):
+    fn, make = FUNCTIONS[name]
+    check_case(fn, make, mode)
+
+
+@pytest.mark.parametrize("mode", SOME_MODES, ids=mode_id)
+def test_inplace_buffer_update(mode):
+    eager, model = e2e.CountingModule(), e2e.CountingModule()
+    compiled = compile_cpp(model, (torch.randn(2, 3),), mode)
+    model.load_state_dict(eager.state_dict())
+    for _ in range(3):
+        x = torch.randn(2, 3)
+        with torch.no_grad():
+            e2e.assert_same_result(compiled(x), eager(x))
+        torch.testing.assert_close(dict(model.named_buffers()), dict(eager.named_buffers()))
+
+
+# -- dynamic shapes ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", DYNAMIC_MODES, ids=mode_id)
+@pytest.mark.parametrize("case", list(e2e.DYNAMIC))
+def test_dynamic(case, mode):
+    build, make = e2e.DYNAMIC[case]
+    model = build()
+    compiled = compile_cpp(model, make(e2e.DYNAMIC_SIZES[0]), mode, dynamic=True)
+    assert compiled.program.symbols
+    e2e.check_dynamic(model, compiled, make)
+    assert compiled.artifact.call.live_handles() == 0
+
+
+@pytest.mark.parametrize(
+    "case, bad",
+    [("cat_with_doubled", (torch.randn(3, 4), torch.randn(7, 4))), ("flatten_add", (torch.randn(3, 5), torch.randn(14)))],
+)
+def test_dynamic_sizes_that_do_not_fit_raise(case, bad):
+    build, make = e2e.DYNAMIC[case]
+    compiled = compile_cpp(build(), make(e2e.DYNAMIC_SIZES[0]), (True, "reuse"), dynamic=True)
+    with pytest.raises(InputMismatchError):
+        compiled(*bad)
+    e2e.check_dynamic(build(), compiled, make, calls_per_size=1)  # still usable
+
+
+def test_torch_compile_with_cpp_target():
+    model = e2e.MLP().eval()
+    compiled = torch.compile(model, backend="wrapgen", options={"target": "cpp"}, dynamic=True, fullgraph=True)
+    for n in (3, 4, 5):
+        x = torch.randn(n, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x))
+
+
+# -- bad inputs: Python exceptions, never a crash -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_inputs():
+    return compile_cpp(e2e.TwoInputs(), (torch.randn(4, 6), torch.randn(6, 3)), (True, "reuse"))
+
+
+@pytest.mark.parametrize("problem", list(e2e.BAD_WEIGHTS))
+def test_bad_input_raises(two_inputs, problem):
+    make, patterns = e2e.BAD_WEIGHTS[problem]
+    with pytest.raises(InputMismatchError) as info:
+        two_inputs(torch.randn(4, 6), make())
+    message = str(info.value)
+    assert "weight" in message, message
+    for pattern in patterns:
+        assert re.search(pattern, message), f"{pattern!r} not in {message!r}"
+    torch.testing.assert_close(two_inputs(torch.randn(4, 6), torch.ones(6, 3)).shape, torch.Size([4, 3]))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [(torch.randn(4, 6),), (torch.randn(4, 6), torch.randn(6, 3), torch.randn(1)), (torch.randn(4, 6), [1.0, 2.0]),
+     (torch.randn(4, 6), 3)],
+    ids=["too_few", "too_many", "list", "int"],
+)
+def test_wrong_count_or_kind_raises(two_inputs, args):
+    with pytest.raises((TypeError, ValueError)):
+        two_inputs(*args)
+
+
+def test_boxed_call_checks_count_and_kind(two_inputs):
+    call = two_inputs.artifact.call
+    with pytest.raises(InputMismatchError, match="expected 2 inputs, got 1"):
+        call([torch.randn(4, 6)])
+    with pytest.raises(InputMismatchError, match="input weight: expected a tensor, got str"):
+        call([torch.randn(4, 6), "w"])
+
+
+def test_check_finite():
+    with wrapgen.config.patch(check_finite=True):
+        compiled = wrapgen.compile(e2e.log_of, (torch.rand(5) + 0.5,), target="cpp")
+    x = torch.rand(5) + 0.5
+    torch.testing.assert_close(compiled(x), e2e.log_of(x))
+    with pytest.raises(FloatingPointError, match="NaN or Inf"):
+        compiled(torch.tensor([1.0, -1.0, 2.0, 3.0, 4.0]))
+    assert compiled.artifact.call.live_handles() == 0
+
+
+def test_nan_passes_through_without_check_finite():
+    compiled = wrapgen.compile(e2e.log_of, (torch.rand(5) + 0.5,), target="cpp")
+    x = torch.tensor([1.0, -1.0, 2.0, 3.0, 4.0])
+    torch.testing.assert_close(compiled(x), e2e.log_of(x), equal_nan=True)
+
+
+# -- the emitted source and refusals ----------------------------------------------------------------
+
+
+def test_source_uses_only_the_stable_shim():
+    compiled = compile_cpp(e2e.SDPABlock().eval(), (torch.randn(2, 5, 16),), (False, "reuse"))
+    source = compiled.source
+    assert "at::" not in source and "torch::" not in source and "c10::" not in source
+    assert "aoti_torch_cpu_addmm_out" in source  # Scalar args (beta, alpha) through the generated shim
+    assert 'st.call("aten::scaled_dot_product_attention"' in source  # any other op through the dispatcher
+    assert "wrapgen::Stack::none()" in source  # a None argument (attn_mask) is a null value
+    meta = compiled.artifact.call.metadata
+    assert "aoti_torch_call_dispatcher" in meta["shims"] and "aoti_torch_cpu_addmm_out" in meta["shims"]
+
+
+def test_floor_division_uses_header_helpers():
+    program = Program(
+        "p",
+        (TensorInput("x", TensorType(torch.float32, torch.device("cpu"), (sympy_symbol("s0"),), (1,))),),
+        (),
+        (),
+        (Comment("size arithmetic"), Output((sympy_floordiv(sympy_symbol("s0"), 3), sympy_mod(sympy_symbol("s0"), 3)))),
+    )
+    source = CppEmitter().emit(program)
+    assert "wg_floordiv(s0, 3)" in source and "wg_mod(s0, 3)" in source
+
+
+def test_unsupported_line_is_refused_naming_it():
+    x = TensorRef("x")
+    program = Program(
+        "p",
+        (TensorInput("x", TensorType(torch.float32, torch.device("cpu"), (3,), (1,))),),
+        (),
+        (),
+        (ExternKernel("y", "aten::leaky_relu.default", (x, 2), result=None), Output((TensorRef("y"),))),
+    )
+    with pytest.raises(UnsupportedLineError, match=r"line 1 \(y: None = extern aten::leaky_relu"):
+        CppEmitter().emit(program)
+
+
+def sympy_symbol(name: str):
+    import sympy
+
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+def sympy_floordiv(a, b):
+    from torch.utils._sympy.functions import FloorDiv
+
+    return FloorDiv(a, b)
+
+
+def sympy_mod(a, b):
+    from torch.utils._sympy.functions import PythonMod
+
+    return PythonMod(a, b)

@@ -1,0 +1,171 @@
+"""Ahead-of-time compilation to a C++ package, and loading one back.
+
+    path = wrapgen.aot_compile(model, example_inputs, "model.wgpkg")   # model.so + weights + metadata
+    runner = wrapgen.load_package(path)                                # callable like the model
+    runner.update_weights(new_state_dict)                              # double-buffered, thread-safe
+
+The package runs without Python too: `wrapgen_runner PACKAGE INPUTS.bin` (CMakeLists.txt).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from wrapgen import config
+from wrapgen.backends.cpp import CppEmitter
+from wrapgen.backends.cpp_build import build_model
+from wrapgen.backends.cpp_loader import WG_MODEL_ABI_VERSION, _from_handles, _to_handles, raise_error
+from wrapgen.backends.cpp_pymodule import runtime_module
+from wrapgen.packaging import (
+    PACKAGE_FORMAT,
+    PackageError,
+    check_compatible,
+    read_metadata,
+    used_shims,
+    write_tensor_file,
+)
+from wrapgen.wrapper_ir.program import Program
+from wrapgen.wrapper_ir.values import contiguous_strides
+
+__all__ = ["PackagedModel", "aot_compile", "load_package"]
+
+
+def _constant_values(program: Program) -> dict[str, torch.Tensor]:
+    """Each constant with exactly the layout the program was compiled for."""
+    hints = {s.symbol: s.hint for s in program.symbols}
+    values = program.constant_values()
+    out = {}
+    for c in program.constants:
+        value = values.get(c.name)
+        if value is None:
+            raise PackageError(f"constant {c.name} has no value to package")
+        strides = c.type.strides if c.type.strides is not None else contiguous_strides(c.type.sizes)
+        layout = tuple(int(torch.sym_int(s) if not hasattr(s, "xreplace") else s.xreplace(hints)) for s in strides)
+        copy = torch.empty_strided(tuple(value.shape), layout, dtype=value.dtype)
+        out[c.name] = copy.copy_(value.detach().cpu())
+    return out
+
+
+def aot_compile(
+    model: Callable | torch.nn.Module,
+    example_inputs: Sequence[Any],
+    package_path: str | Path,
+    dynamic: bool = False,
+) -> str:
+    """Compile `model` for the C++ target into a package directory; returns its path."""
+    from wrapgen.api import _capture, optimize
+    from wrapgen.lowering.graph_lowering import lower_captured
+
+    captured = _capture(model, example_inputs, dynamic)
+    program = optimize(lower_captured(captured))
+    emitter = CppEmitter()
+    source = emitter.emit(program)
+    library = build_model(source, [k.source for k in emitter.kernels])
+    package = Path(package_path)
+    package.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(library, package / "model.so")
+    (package / "model.cpp").write_text(source)
+    write_tensor_file(package / "weights.bin", _constant_values(program))
+    metadata = emitter.metadata(program)
+    metadata.update(
+        format=PACKAGE_FORMAT,
+        model_abi=WG_MODEL_ABI_VERSION,
+        shims=used_shims(package / "model.so"),
+        in_spec=pytree.treespec_dumps(captured.in_spec) if captured.in_spec is not None else None,
+        out_spec=pytree.treespec_dumps(captured.out_spec) if captured.out_spec is not None else None,
+        output_kind=captured.output_kind,
+        memory_planning=config.memory_planning,
+    )
+    (package / "metadata.json").write_text(json.dumps(metadata, indent=1, sort_keys=True))
+    return str(package)
+
+
+class PackagedModel:
+    """A loaded package: called like the original model; runs concurrently from many threads."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self.metadata = read_metadata(path)
+        check_compatible(self.metadata, self.path)
+        self._model = runtime_module().Model(str(Path(path) / "model.so"), str(Path(path) / "weights.bin"))
+        self._inputs = self.metadata["inputs"]
+        self._in_spec = pytree.treespec_loads(self.metadata["in_spec"]) if self.metadata.get("in_spec") else None
+        self._out_spec = pytree.treespec_loads(self.metadata["out_spec"]) if self.metadata.get("out_spec") else None
+        self._output_kind = self.metadata.get("output_kind", "tuple")
+        self._origins = {c["origin"] or c["name"]: c["name"] for c in self.metadata["constants"]}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._in_spec is not None and (kwargs or not _flat_positional(self._in_spec)):
+            flat, spec = pytree.tree_flatten((args, kwargs))
+            if spec != self._in_spec:
+                raise TypeError(f"arguments do not have the structure the package was compiled for: {spec}")
+        else:
+            flat = list(args)
+        outputs = self.run(flat)
+        if self._out_spec is not None:
+            return pytree.tree_unflatten(list(outputs), self._out_spec)
+        if self._output_kind == "single":
+            return outputs[0]
+        return list(outputs) if self._output_kind == "list" else tuple(outputs)
+
+    def run(self, flat: list) -> tuple:
+        """The flat calling convention: inputs in program order, outputs as a tuple."""
+        from wrapgen.backends.python_runtime import InputMismatchError
+
+        if len(flat) != len(self._inputs):
+            raise InputMismatchError(f"expected {len(self._inputs)} inputs, got {len(flat)}")
+        tensors = []
+        for spec, value in zip(self._inputs, flat):
+            if spec["kind"] == "tensor" and not isinstance(value, torch.Tensor):
+                raise InputMismatchError(f"input {spec['name']}: expected a tensor, got {type(value).__name__}")
+            if spec["kind"] != "tensor" and not isinstance(value, (int, float)):
+                raise InputMismatchError(f"input {spec['name']}: expected a number, got {type(value).__name__}")
+            if spec["kind"] == "tensor":
+                tensors.append(value)
+        handles = iter(_to_handles(tensors) if tensors else [])
+        values = [(0, next(handles)) if s["kind"] == "tensor" else ((2, float(v)) if s["kind"] == "float" else (1, int(v)))
+                  for s, v in zip(self._inputs, flat)]
+        status, message, outputs = self._model.run(values)
+        if status != 0:
+            raise_error(status, message)
+        tensors_out = iter(_from_handles([v for k, v in outputs if k == 0]))
+        return tuple(next(tensors_out) if k == 0 else (float(v) if k == 2 else bool(v) if k == 3 else None if k == 4 else int(v))
+                     for k, v in outputs)
+
+    def update_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Swap in new values for constants (by package name or by the model's parameter name);
+        runs in flight finish with the old set, later runs see the new one in full."""
+        names, tensors = [], []
+        for key, value in weights.items():
+            name = self._origins.get(key, key)
+            names.append(name)
+            tensors.append(value.detach())
+        handles = _to_handles(tensors) if tensors else []
+        try:
+            self._model.update_constants(dict(zip(names, handles)))
+        finally:
+            _from_handles(handles)
+
+    def live_handles(self) -> int:
+        return self._model.live_handles()
+
+    def __repr__(self) -> str:
+        return f"PackagedModel({self.path!r}, program={self.metadata.get('program')!r})"
+
+
+def load_package(path: str | Path) -> PackagedModel:
+    """Load a package written by `aot_compile` (checks it fits this runtime first)."""
+    return PackagedModel(path)
+
+
+def _flat_positional(spec: pytree.TreeSpec) -> bool:
+    from wrapgen.compiled import _is_flat_positional
+
+    return _is_flat_positional(spec)

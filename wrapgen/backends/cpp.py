@@ -1,0 +1,400 @@
+"""CppEmitter: a Wrapper IR program as a C++ shared library that talks to tensors only through
+torch's ABI-stable C shim, rendered through `templates/cpp_wrapper.cpp.j2`.
+
+One method per line type (see `Emitter`); each appends C++ statements to the body of
+`run_program`. Tensor names become `wrapgen::Tensor t_<name>` (RAII: `Free` resets the
+handle), size symbols `int64_t` locals. The library exports the C ABI of
+`cpp_runtime/include/wrapgen/abi.h`; `compile` builds it with the program's C++ kernels
+(cached by content hash) and loads it in-process (`cpp_loader.CppModel`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import jinja2
+import sympy
+import torch
+
+from wrapgen.backends.cpp_exprs import (
+    UnprintableExpr,
+    cpp_expr,
+    cpp_float,
+    cpp_int,
+    cpp_int_list,
+    cpp_string,
+    device_index,
+    device_type_code,
+    dtype_code,
+)
+from wrapgen.backends.cpp_extern import CannotExpress, ExternWriter
+from wrapgen.backends.emitter import CompiledArtifact, Emitter
+from wrapgen.backends.python import kernel_device
+from wrapgen.errors import UnsupportedLineError
+from wrapgen.wrapper_ir.lines import (
+    OBSERVED,
+    Allocate,
+    AllocateFromPool,
+    AssertFinite,
+    AssertInput,
+    AssertScalar,
+    BindSymbol,
+    Comment,
+    ExternKernel,
+    Free,
+    KernelCall,
+    KernelDefinition,
+    MultiOutput,
+    Output,
+    Reinterpret,
+    ReuseBuffer,
+    SymbolicCallArg,
+    WrapperLine,
+)
+from wrapgen.wrapper_ir.program import Program, ScalarInput, TensorInput
+from wrapgen.wrapper_ir.values import TensorRef, TensorType, dtype_name, format_shape
+
+# Shim functions every model uses (the runtime header's Tensor, checks and error reporting).
+BASE_SHIMS = frozenset(
+    {
+        "aoti_torch_new_tensor_handle",
+        "aoti_torch_delete_tensor_object",
+        "aoti_torch_get_dim",
+        "aoti_torch_get_size",
+        "aoti_torch_get_stride",
+        "aoti_torch_get_dtype",
+        "aoti_torch_get_device_type",
+        "aoti_torch_get_device_index",
+    }
+)
+
+
+@functools.cache
+def _template() -> jinja2.Template:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("wrapgen.backends", "templates"),
+        autoescape=False,
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    return env.get_template("cpp_wrapper.cpp.j2")
+
+
+class CppEmitter(Emitter):
+    """Emits the C++ source of one program; `compile` builds and loads it."""
+
+    name = "cpp"
+
+    # -- writing ------------------------------------------------------------------------------
+    def writeline(self, text: str) -> None:
+        self.body.append(text)
+
+    def refuse(self, line: WrapperLine, why: str) -> UnsupportedLineError:
+        return UnsupportedLineError(f"{type(self).__name__} cannot emit line {self.line_number} ({line.format()}): {why}")
+
+    def expr(self, line: WrapperLine, value: object) -> str:
+        try:
+            return cpp_expr(value)
+        except UnprintableExpr as e:
+            raise self.refuse(line, str(e)) from None
+
+    def ints(self, line: WrapperLine, values: tuple) -> str:
+        try:
+            return cpp_int_list(values)
+        except UnprintableExpr as e:
+            raise self.refuse(line, str(e)) from None
+
+    def use_shim(self, *names: str) -> None:
+        self.shims.update(names)
+
+    # -- program ------------------------------------------------------------------------------
+    def begin(self, program: Program) -> None:
+        self.body: list[str] = []
+        self.shims: set[str] = set(BASE_SHIMS)
+        self.kernels: list[KernelDefinition] = []
+        self.kernel_params: dict[str, str] = {}
+        self.pool_views: dict[tuple[str, torch.dtype], str] = {}
+        self.types = program.value_types()
+        self.declared: set[str] = set()
+        self.scalar_inputs = {i.name for i in program.inputs if isinstance(i, ScalarInput)}
+        devices = {i.type.device for i in program.inputs if isinstance(i, TensorInput)}
+        self.device = next(iter(devices)) if len(devices) == 1 else torch.device("cpu")
+        self.externs = ExternWriter(self.types, self.device)
+        for number, spec in enumerate(program.inputs):
+            if isinstance(spec, TensorInput):
+                self.writeline(f"wrapgen::Tensor t_{spec.name} = std::move(tensor_inputs[{number}]);")
+                self.writeline(f"if (!t_{spec.name}.defined()) {{")
+                self.writeline(
+                    f'  throw wrapgen::Error(WG_INPUT_MISMATCH, "input {spec.name}: expected a tensor");'
+                )
+                self.writeline("}")
+            else:
+                ctype, field = ("double", "f") if spec.kind is float else ("int64_t", "i")
+                self.writeline(f"const {ctype} in_{spec.name} = inputs[{number}].{field};")
+            self.declared.add(spec.name)
+        for number, constant in enumerate(program.constants):
+            self.writeline(f"wrapgen::Tensor t_{constant.name} = wrapgen::Tensor::borrow(constants[{number}]);")
+            self.declared.add(constant.name)
+
+    def finish(self, program: Program) -> str:
+        return _template().render(
+            program_name=program.name,
+            emitter=type(self).__name__,
+            kernels=[{"name": k.name, "params": self.kernel_params.get(k.name, "")} for k in self.kernels],
+            metadata=json.dumps(self.metadata(program), sort_keys=True),
+            num_inputs=len(program.inputs),
+            num_outputs=len(program.outputs),
+            num_constants=len(program.constants),
+            constant_names=[cpp_string(c.name) for c in program.constants],
+            body=self.body,
+        )
+
+    def metadata(self, program: Program) -> dict:
+        """What a loader needs to call the library without the Program: input/output/constant specs
+        and the shim functions the code calls."""
+
+        def tensor_spec(t: TensorType) -> dict:
+            return {
+                "dtype": str(t.dtype).removeprefix("torch."),
+                "device": str(t.device),
+                "sizes": [str(s) for s in t.sizes],
+                "strides": None if t.strides is None else [str(s) for s in t.strides],
+            }
+
+        inputs = []
+        for spec in program.inputs:
+            if isinstance(spec, TensorInput):
+                inputs.append({"name": spec.name, "kind": "tensor", **tensor_spec(spec.type)})
+            else:
+                inputs.append({"name": spec.name, "kind": spec.kind.__name__})
+        outputs = []
+        for value in program.outputs:
+            if isinstance(value, TensorRef):
+                outputs.append({"kind": "tensor"})
+            elif isinstance(value, bool):
+                outputs.append({"kind": "bool"})
+            elif isinstance(value, float):
+                outputs.append({"kind": "float"})
+            elif value is None:
+                outputs.append({"kind": "none"})
+            else:
+                outputs.append({"kind": "int"})
+        return {
+            "program": program.name,
+            "inputs": inputs,
+            "outputs": outputs,
+            "constants": [{"name": c.name, "origin": c.origin, **tensor_spec(c.type)} for c in program.constants],
+            "symbols": [{"name": str(s.symbol), "hint": s.hint} for s in program.symbols],
+            "shims": sorted(self.shims),
+            "torch_version": torch.__version__.split("+")[0],
+        }
+
+    def compile(self, program: Program) -> CompiledArtifact:
+        from wrapgen.backends.cpp_build import build_model
+        from wrapgen.backends.cpp_loader import CppModel
+
+        source = self.emit(program)
+        library = build_model(source, [k.source for k in self.kernels])
+        model = CppModel(str(library))
+        model.set_constants([program.constant_values().get(c.name) for c in program.constants])
+        return CompiledArtifact(model, source, str(library))
+
+    # -- lines --------------------------------------------------------------------------------
+    def emit_bind_symbol(self, line: BindSymbol) -> None:
+        if line.kind == "value":
+            observed = f"in_{line.source}"
+        else:
+            observed = f"t_{line.source}.{line.kind}({line.dim})"
+        sym = str(line.symbol)
+        expr = sympy.sympify(line.expr)
+        if expr == OBSERVED:
+            value = observed
+        else:
+            num, den = sympy.fraction(sympy.together(expr.xreplace({OBSERVED: sympy.Symbol("wg_observed", integer=True)})))
+            num_text = self.expr(line, num).replace("wg_observed", f"({observed})")
+            if den == 1:
+                value = num_text
+            else:
+                value = f"wrapgen::exact_div({num_text}, {self.expr(line, den)}, {cpp_string(sym)}, {cpp_string(line.observed_text())})"
+        self.writeline(f"const int64_t {sym} = {value};")
+        if line.min > 0 or line.max is not None:
+            high = cpp_int(line.max) if line.max is not None else "0"
+            cond = f"{sym} < {line.min}" + (f" || {sym} > {cpp_int(line.max)}" if line.max is not None else "")
+            self.writeline(
+                f"if ({cond}) wrapgen::symbol_out_of_range({cpp_string(sym)}, {sym}, {line.min}, {high}, "
+                f"{'true' if line.max is not None else 'false'});"
+            )
+
+    def emit_assert_input(self, line: AssertInput) -> None:
+        strides = tuple(0 if s is None else s for s in line.strides)
+        checked = ", ".join("false" if s is None else "true" for s in line.strides)
+        self.use_shim(dtype_code(line.dtype).removesuffix("()"), device_type_code(line.device).removesuffix("()"))
+        self.writeline(
+            f"wrapgen::check_input({cpp_string(line.name)}, t_{line.name}, {dtype_code(line.dtype)}, "
+            f"{device_type_code(line.device)}, {device_index(line.device)}, {self.ints(line, line.sizes)}, "
+            f"{self.ints(line, strides)}, {{{checked}}});"
+        )
+
+    def emit_assert_scalar(self, line: AssertScalar) -> None:
+        expected = line.expected
+        literal = ("true" if expected else "false") if isinstance(expected, bool) else (
+            cpp_float(expected) if isinstance(expected, float) else cpp_int(int(expected))
+        )
+        self.writeline(
+            f"if (in_{line.name} != {literal}) throw wrapgen::Error(WG_INPUT_MISMATCH, "
+            f"{cpp_string(f'input {line.name}: the program was compiled for the value {expected!r}, got ')} + "
+            f"std::to_string(in_{line.name}));"
+        )
+
+    def _declare(self, name: str, init: str) -> None:
+        if name in self.declared:
+            self.writeline(f"t_{name} = {init};")
+        else:
+            self.declared.add(name)
+            self.writeline(f"wrapgen::Tensor t_{name} = {init};")
+
+    def emit_allocate(self, line: Allocate) -> None:
+        t = line.type
+        self.use_shim("aoti_torch_empty_strided", dtype_code(t.dtype).removesuffix("()"), device_type_code(t.device).removesuffix("()"))
+        self._declare(
+            line.name,
+            f"wrapgen::empty_strided({self.ints(line, t.sizes)}, {self.ints(line, t.strides)}, {dtype_code(t.dtype)}, "
+            f"{device_type_code(t.device)}, {device_index(t.device)})",
+        )
+
+    def emit_reuse_buffer(self, line: ReuseBuffer) -> None:
+        t, source = line.type, self.types.get(line.source)
+        if isinstance(source, TensorType) and (source.dtype, source.sizes, source.strides) == (t.dtype, t.sizes, t.strides):
+            self._declare(line.name, f"t_{line.source}.share()  /* reuse */")
+            return
+        viewed = f"t_{line.source}.share()"
+        if not (isinstance(source, TensorType) and source.dtype == t.dtype):
+            self.use_shim(dtype_code(t.dtype).removesuffix("()"))
+            viewed = f"wrapgen::view_dtype(t_{line.source}, {dtype_code(t.dtype)})"
+        self.use_shim("aoti_torch__reinterpret_tensor", "aoti_torch_get_storage_offset")
+        tmp = f"reuse_{line.name}"
+        self.writeline(f"wrapgen::Tensor {tmp} = {viewed};")
+        self._declare(
+            line.name,
+            f"wrapgen::reinterpret({tmp}, {self.ints(line, t.sizes)}, {self.ints(line, t.strides)}, "
+            f"-wrapgen::storage_offset({tmp}))  /* reuse at offset 0 */",
+        )
+        self.writeline(f"{tmp}.reset();")
+
+    def emit_allocate_from_pool(self, line: AllocateFromPool) -> None:
+        t = line.type
+        key = (line.pool, t.dtype)
+        if key not in self.pool_views:
+            view = f"pool_{line.pool}_{dtype_name(t.dtype)}"
+            self.pool_views[key] = view
+            self.use_shim(dtype_code(t.dtype).removesuffix("()"))
+            self.writeline(f"wrapgen::Tensor {view} = wrapgen::view_dtype(t_{line.pool}, {dtype_code(t.dtype)});")
+        offset = sympy.simplify(sympy.sympify(line.offset) / t.dtype.itemsize)
+        self.use_shim("aoti_torch__reinterpret_tensor")
+        self._declare(
+            line.name,
+            f"wrapgen::reinterpret({self.pool_views[key]}, {self.ints(line, t.sizes)}, {self.ints(line, t.strides)}, "
+            f"{self.expr(line, offset)})",
+        )
+
+    def emit_free(self, line: Free) -> None:
+        if line.name in self.scalar_inputs:
+            self.writeline(f"// free {line.name}: a number, nothing to release")
+            return
+        self.writeline(f"t_{line.name}.reset();" if self._is_tensor_name(line.name) else f"t_{line.name} = wrapgen::Value();")
+        for (pool, _), view in self.pool_views.items():
+            if pool == line.name:
+                self.writeline(f"{view}.reset();")
+
+    def _is_tensor_name(self, name: str) -> bool:
+        return name not in self.value_names
+
+    @functools.cached_property
+    def value_names(self) -> set[str]:
+        """Names holding a tuple/list result (wrapgen::Value) rather than one tensor."""
+        return {
+            line.name
+            for line in self.program.lines
+            if isinstance(line, ExternKernel) and line.name is not None and not self.externs.result_is_tensor(line)
+        }
+
+    def emit_reinterpret(self, line: Reinterpret) -> None:
+        self.use_shim("aoti_torch__reinterpret_tensor")
+        self._declare(
+            line.name,
+            f"wrapgen::reinterpret(t_{line.source}, {self.ints(line, line.sizes)}, {self.ints(line, line.strides)}, "
+            f"{self.expr(line, line.offset)})",
+        )
+
+    def emit_extern_kernel(self, line: ExternKernel) -> None:
+        try:
+            code = self.externs.write(line)
+        except (CannotExpress, UnprintableExpr) as e:
+            raise self.refuse(line, str(e)) from None
+        self.use_shim(*code.shims)
+        if line.name is not None:
+            kind = "wrapgen::Tensor" if self._is_tensor_name(line.name) else "wrapgen::Value"
+            self.writeline(f"{kind} t_{line.name};")
+            self.declared.add(line.name)
+        self.writeline("{")
+        for text in code.lines:
+            self.writeline(f"  {text}")
+        self.writeline("}")
+
+    def emit_multi_output(self, line: MultiOutput) -> None:
+        path = ", ".join(str(i) for i in line.index)
+        self._declare(line.name, f"t_{line.source}.at({{{path}}}).tensor.share()")
+
+    def emit_kernel_definition(self, line: KernelDefinition) -> None:
+        device = kernel_device(line)
+        if line.language != "cpp" or device != "cpu":
+            raise self.refuse(line, f"no C++ launcher for {line.language} kernels on {device} yet")
+        self.kernels.append(line)
+        calls = [c for c in self.program.lines if isinstance(c, KernelCall) and c.kernel == line.name]
+        if calls:
+            self.kernel_params[line.name] = ", ".join("void*" if isinstance(a, TensorRef) else "int64_t" for a in calls[0].args)
+
+    def emit_kernel_call(self, line: KernelCall) -> None:
+        if not any(k.name == line.kernel for k in self.kernels):
+            raise self.refuse(line, f"kernel {line.kernel} is not defined")
+        self.use_shim("aoti_torch_get_data_ptr")
+        args = []
+        for a in line.args:
+            if isinstance(a, TensorRef):
+                args.append(f"t_{a.name}.data_ptr()")
+            elif isinstance(a, (int, sympy.Basic)) and not isinstance(a, bool):
+                args.append(self.expr(line, a))
+            else:
+                raise self.refuse(line, f"kernel argument {a!r} is neither a tensor nor an integer")
+        self.writeline(f"{line.kernel}({', '.join(args)});")
+
+    def emit_symbolic_call_arg(self, line: SymbolicCallArg) -> None:
+        self.writeline(f"const int64_t {line.symbol} = {self.expr(line, line.expr)};")
+
+    def emit_assert_finite(self, line: AssertFinite) -> None:
+        self.use_shim("aoti_torch_call_dispatcher", "aoti_torch_item_bool")
+        self.writeline(f"wrapgen::assert_finite({cpp_string(line.name)}, t_{line.name});")
+
+    def emit_comment(self, line: Comment) -> None:
+        self.writeline("// " + line.text.replace("\\", "/"))  # a trailing backslash would continue the comment
+
+    def emit_output(self, line: Output) -> None:
+        for i, value in enumerate(line.values):
+            if isinstance(value, TensorRef):
+                self.writeline(f"tensor_outputs[{i}] = t_{value.name}.share();")
+                self.writeline(f"wrapgen::set_none(outputs[{i}]); outputs[{i}].kind = WG_TENSOR;")
+            elif isinstance(value, bool):
+                self.writeline(f"wrapgen::set_bool(outputs[{i}], {'true' if value else 'false'});")
+            elif isinstance(value, float):
+                self.writeline(f"wrapgen::set_float(outputs[{i}], {cpp_float(value)});")
+            elif value is None:
+                self.writeline(f"wrapgen::set_none(outputs[{i}]);")
+            elif isinstance(value, (int, sympy.Basic)):
+                self.writeline(f"wrapgen::set_int(outputs[{i}], {self.expr(line, value)});")
+            else:
+                raise self.refuse(line, f"output {value!r} ({type(value).__name__}) has no C++ form")
+        self.writeline("return;")
+
+
+__all__ = ["CppEmitter", "format_shape"]

@@ -1,0 +1,144 @@
+"""Build a C++ model library: the emitted wrapper plus the program's C++ kernels, one `.so`.
+
+Kernels compile to cached objects exactly as for the Python target
+(`wrapgen.kernels.cpp.build.compile_object`); the wrapper compiles against torch's headers
+and `cpp_runtime/include`, and everything links against libtorch (`-Wl,-z,now`, so a
+libtorch that lacks a shim function fails at load time with the symbol's name, not at the
+first call). The library is cached under `cache_dir/cpp_model/` by a hash of everything
+that goes into it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from wrapgen.backends.cache import cache_root
+from wrapgen.kernels.cpp import build as kernel_build
+
+# Host code: -O1 compiles twice as fast as -O2 and the wrapper's time goes to libtorch calls.
+WRAPPER_FLAGS = ("-O1", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-w")
+_PCH_SOURCE = "#include <algorithm>\n#include <cstdint>\n#include <limits>\n#include <vector>\n#include \"wrapgen/runtime.h\"\n"
+
+
+class ModelBuildError(RuntimeError):
+    """g++ rejected the emitted wrapper or the link failed (the message holds the output)."""
+
+
+@functools.cache
+def runtime_include_dir() -> Path:
+    """`cpp_runtime/include` of this checkout (next to the `wrapgen` package)."""
+    path = Path(__file__).resolve().parents[2] / "cpp_runtime" / "include"
+    if not (path / "wrapgen" / "runtime.h").exists():
+        raise ModelBuildError(f"cannot find the C++ runtime headers at {path}")
+    return path
+
+
+def torch_include_dirs() -> list[str]:
+    root = Path(torch.__file__).parent / "include"
+    return [str(root)]
+
+
+def torch_library_dir() -> str:
+    return str(Path(torch.__file__).parent / "lib")
+
+
+@functools.cache
+def _runtime_digest() -> str:
+    h = hashlib.sha256()
+    for path in sorted(runtime_include_dir().rglob("*.h")):
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _digest(*parts: str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:40]
+
+
+def _run(cmd: list[str], what: str, source: Path | None = None) -> None:
+    try:
+        kernel_build._run(cmd, what, source)
+    except kernel_build.KernelCompileError as e:
+        raise ModelBuildError(str(e)) from None
+
+
+def _includes() -> list[str]:
+    return [f"-I{runtime_include_dir()}", *(f"-I{d}" for d in torch_include_dirs())]
+
+
+@functools.cache
+def precompiled_header() -> Path | None:
+    """The runtime header, precompiled once per cache (halves each wrapper's compile time);
+    None if the compiler cannot make one."""
+    key = _digest(_PCH_SOURCE, _runtime_digest(), " ".join(WRAPPER_FLAGS), kernel_build.compiler_id(), torch.__version__)
+    folder = cache_root() / "cpp_pch" / key
+    header = folder / "wg_pch.h"
+    gch = folder / "wg_pch.h.gch"
+    if gch.exists():
+        return header
+    folder.mkdir(parents=True, exist_ok=True)
+    if not header.exists():
+        header.write_text(_PCH_SOURCE)
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".gch")
+    os.close(fd)
+    try:
+        _run([kernel_build.CXX, *WRAPPER_FLAGS, *_includes(), "-x", "c++-header", str(header), "-o", tmp], "precompiling the runtime header")
+    except ModelBuildError:
+        os.remove(tmp)
+        return None
+    os.replace(tmp, gch)
+    return header
+
+
+def build_model(source: str, kernel_sources: list[str]) -> Path:
+    """The shared library for an emitted wrapper and its kernels (built once, then cached)."""
+    folder = cache_root() / "cpp_model"
+    folder.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=max(1, min(len(kernel_sources), os.cpu_count() or 1))) as pool:
+        objects = list(pool.map(kernel_build.compile_object, kernel_sources))
+    key = _digest(
+        source, *(o.name for o in objects), " ".join(WRAPPER_FLAGS), kernel_build.compiler_id(), torch.__version__,
+        _runtime_digest(),
+    )
+    library = folder / f"model_{key}.so"
+    if library.exists():
+        return library
+    src = folder / f"model_{key}.cpp"
+    if not src.exists():
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".cpp")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(source)
+        os.replace(tmp, src)
+    fd, obj = tempfile.mkstemp(dir=folder, suffix=".o")
+    os.close(fd)
+    includes = _includes()
+    pch = precompiled_header()
+    if pch is not None:
+        includes += ["-include", str(pch), "-Winvalid-pch"]
+    cxx = kernel_build.CXX
+    try:
+        _run([cxx, *WRAPPER_FLAGS, *includes, "-c", str(src), "-o", obj], "compiling the C++ wrapper", src)
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so")
+        os.close(fd)
+        libs = ["-lmvec"] if kernel_build.use_mvec() else []
+        lib_dir = torch_library_dir()
+        _run(
+            [cxx, "-shared", "-fopenmp", obj, *map(str, objects), "-o", tmp, f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}",
+             "-Wl,-z,now", "-ltorch_cpu", "-lc10", *libs, "-lm"],
+            "linking the C++ model",
+        )
+        os.replace(tmp, library)
+    finally:
+        if os.path.exists(obj):
+            os.remove(obj)
+    return library

@@ -1,0 +1,568 @@
+"""C++ for an `ExternKernel` line: a call of an ATen operator through torch's stable C shim.
+
+Two routes, picked per line from the operator's schema:
+
+* `aoti_torch_call_dispatcher` (any op): arguments become StableIValues. Tensors are passed as
+  new references the call takes over, `T?` values as heap pointers the callee frees, `None`
+  as a null value, lists as StableList handles (`wrapgen::Stack` in the runtime header owns
+  all of them until the call, so nothing leaks if building the stack fails).
+* The generated per-device shims (`aoti_torch_cpu_addmm_out`, ...) for ops with `Scalar`
+  arguments, which the dispatcher's StableIValue conversion cannot express; their `Scalar`
+  parameters are doubles, optional scalars go by pointer (null for None).
+
+A `Scalar` argument of an op that has a `.Tensor` twin (`remainder.Scalar`, `gt.Scalar_out`)
+is passed to the twin as a 0-dim tensor. A `Scalar` that neither route can express refuses
+the line, naming it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sympy
+import torch
+
+from wrapgen.backends.cpp_exprs import (
+    cpp_expr,
+    cpp_float,
+    cpp_int,
+    cpp_string,
+    device_index,
+    device_type_code,
+    dtype_code,
+    layout_code,
+    memory_format_code,
+)
+from wrapgen.backends.python_runtime import resolve_op
+from wrapgen.wrapper_ir.lines import ExternKernel
+from wrapgen.wrapper_ir.values import TensorRef, TensorType
+
+_INTEGRAL = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+class CannotExpress(ValueError):
+    """This route cannot express the call (the caller tries the next one or refuses the line)."""
+
+
+@dataclass(frozen=True)
+class ShimFunction:
+    name: str
+    params: tuple[tuple[str, str], ...]  # (C type, parameter name)
+    min_version: str  # torch version that added it ("" when it predates version guards)
+
+
+@functools.cache
+def _shim_include_dir() -> Path:
+    return Path(torch.__file__).parent / "include" / "torch" / "csrc" / "inductor" / "aoti_torch" / "generated"
+
+
+@functools.cache
+def generated_shims(header: str) -> dict[str, ShimFunction]:
+    """The functions a generated shim header (`c_shim_cpu.h`, ...) declares, with their version guards."""
+    path = _shim_include_dir() / header
+    if not path.exists():
+        return {}
+    out: dict[str, ShimFunction] = {}
+    guard = ""
+    for line in path.read_text().splitlines():
+        m = re.match(r"#if TORCH_FEATURE_VERSION >= TORCH_VERSION_(\d+)_(\d+)_\d+", line)
+        if m:
+            guard = f"{m.group(1)}.{m.group(2)}"
+            continue
+        if line.startswith("#endif"):
+            guard = ""
+            continue
+        m = re.match(r"AOTI_TORCH_EXPORT AOTITorchError (\w+)\((.*)\);", line)
+        if not m:
+            continue
+        params = []
+        for part in m.group(2).split(", ") if m.group(2) else []:
+            ctype, _, name = part.rpartition(" ")
+            params.append((ctype.strip(), name.strip()))
+        out[m.group(1)] = ShimFunction(m.group(1), tuple(params), guard)
+    return out
+
+
+@dataclass
+class CallCode:
+    """The C++ lines of one call and the shim functions it uses."""
+
+    lines: list[str] = field(default_factory=list)
+    shims: set[str] = field(default_factory=set)
+
+
+def _overload(op: str) -> tuple[str, str, str]:
+    """`aten::addmm.out` -> ("aten", "addmm", "out")."""
+    namespace, rest = op.split("::", 1)
+    name, _, overload = rest.partition(".")
+    return namespace, name, overload or "default"
+
+
+def _kind(t: torch._C.JitType) -> str:
+    return t.kind()
+
+
+def _is_number_type(t: torch._C.JitType) -> bool:
+    kind = _kind(t)
+    if kind in ("OptionalType", "ListType"):
+        return _is_number_type(t.getElementType())
+    return kind == "NumberType"
+
+
+class ExternWriter:
+    """Writes the C++ for ExternKernel lines of one program."""
+
+    def __init__(self, types: dict[str, object], device: torch.device) -> None:
+        self.types = types
+        self.device = device
+        self.counter = 0
+
+    # -- entry -----------------------------------------------------------------------------
+    def write(self, line: ExternKernel) -> CallCode:
+        schema = resolve_op(line.op)._schema
+        bound = self._bind(line, schema)
+        special = self._rewrite(line, bound)
+        if special is not None:
+            return special
+        numbers = [a.name for a, v in bound if _is_number_type(a.real_type) and v is not None]
+        if not numbers:
+            return self._dispatcher(line, line.op, schema, bound)
+        twin = self._tensor_twin(line.op, schema, set(numbers))
+        if twin is not None:
+            twin_op, twin_schema = twin
+            rebound = [(t, v) for t, (_, v) in zip(twin_schema.arguments, bound)]
+            return self._dispatcher(line, twin_op, twin_schema, rebound)
+        code = self._generated_shim(line, schema, bound)
+        if code is None:
+            code = self._out_via_functional(line, schema, bound)
+        if code is None:
+            code = self._integral_add(line, schema, bound)
+        if code is None:
+            code = self._host_arange(line, bound)
+        if code is not None:
+            return code
+        raise CannotExpress(
+            f"the Scalar argument(s) {', '.join(numbers)} of {line.op} cannot cross the stable C shim: the "
+            "dispatcher's StableIValues have no Scalar, the op has no .Tensor overload, and no generated "
+            "shim function takes it"
+        )
+
+    # -- ops whose Scalar arguments have an exact Scalar-free spelling -------------------------
+    def _rewrite(self, line: ExternKernel, bound) -> CallCode | None:
+        _, name, overload = _overload(line.op)
+        values = {a.name: v for a, v in bound}
+        if name == "_assert_scalar":
+            # a host-side check of a size condition (torch.export's runtime assertions)
+            condition, message = values["self"], str(values["assert_msg"])
+            if condition is True or condition == sympy.true:
+                return CallCode(lines=[f"// {line.op}: {message.splitlines()[0][:80].replace(chr(92), '/')} (always true)"])
+            return CallCode(lines=[f"if (!({cpp_expr(condition)})) throw wrapgen::Error(WG_RUNTIME_ERROR, {cpp_string(message)});"])
+        if name in ("var", "std", "var_mean", "std_mean") and overload in ("correction", "correction_out"):
+            correction = values.get("correction")
+            if correction in (0, 1) and not isinstance(correction, bool) and overload == "correction":
+                # unbiased=True is correction 1, False is correction 0
+                fake = ExternKernel(
+                    line.name, f"aten::{name}.dim", (values["self"], values.get("dim"), correction == 1, values.get("keepdim", False)),
+                    result=line.result,
+                )
+                schema = resolve_op(fake.op)._schema
+                return self._dispatcher(fake, fake.op, schema, self._bind(fake, schema))
+        if name == "constant_pad_nd" and overload == "default":
+            # aten::pad(mode="constant") through the generated shim: the fill value is a double* there
+            value = values.get("value", 0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, int) and abs(value) > 2**53):
+                return None
+            fake = ExternKernel(line.name, "aten::pad.default", (values["self"], values["pad"], "constant", float(value)), result=line.result)
+            schema = resolve_op(fake.op)._schema
+            bound = self._bind(fake, schema)
+            saved = self.types
+            try:
+                return self._generated_shim(fake, schema, bound, allow_integral=True)
+            finally:
+                self.types = saved
+        return None
+
+    # -- binding ----------------------------------------------------------------------------
+    def _bind(self, line: ExternKernel, schema: torch._C.FunctionSchema) -> list[tuple[torch._C.Argument, object]]:
+        """Each schema argument with its value (given positionally, by keyword, or its default)."""
+        kwargs = dict(line.kwargs)
+        positional = list(line.args)
+        out = []
+        for arg in schema.arguments:
+            if positional and not arg.kwarg_only:
+                out.append((arg, positional.pop(0)))
+            elif arg.name in kwargs:
+                out.append((arg, kwargs.pop(arg.name)))
+            elif arg.has_default_value():
+                out.append((arg, _default(arg)))
+            else:
+                raise CannotExpress(f"{line.op}: no value for argument {arg.name!r}")
+        if positional or kwargs:
+            raise CannotExpress(f"{line.op}: arguments the schema does not take: {positional or list(kwargs)}")
+        return out
+
+    def _tensor_twin(self, op: str, schema: torch._C.FunctionSchema, numbers: set[str]):
+        """An overload of the same op where the given Scalar arguments are Tensors and all else is equal."""
+        namespace, name, _ = _overload(op)
+        packet = getattr(getattr(torch.ops, namespace), name)
+        for overload in packet.overloads():
+            other = getattr(packet, overload)._schema
+            if other is schema or len(other.arguments) != len(schema.arguments) or len(other.returns) != len(schema.returns):
+                continue
+            ok = True
+            for a, b in zip(schema.arguments, other.arguments):
+                if a.name != b.name or a.kwarg_only != b.kwarg_only:
+                    ok = False
+                elif a.name in numbers:
+                    ok = _kind(a.real_type) == "NumberType" and _kind(b.real_type) == "TensorType"
+                else:
+                    ok = str(a.real_type) == str(b.real_type)
+                if not ok:
+                    break
+            if ok:
+                return f"{namespace}::{name}.{overload}", other
+        return None
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _temp(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def _tensor_dtypes(self, bound) -> list[torch.dtype]:
+        out = []
+        for _, v in bound:
+            for ref in _refs(v):
+                t = self.types.get(ref)
+                if isinstance(t, TensorType):
+                    out.append(t.dtype)
+        return out
+
+    def _number_tensor(self, value: object, dtypes: list[torch.dtype], code: CallCode) -> str:
+        """A 0-dim tensor for a Python number passed where a Tensor goes (wrapped-number promotion:
+        a float is float32 unless the op works in double)."""
+        name = self._temp("num")
+        if isinstance(value, bool):
+            code.lines.append(f"wrapgen::Tensor {name} = wrapgen::scalar_tensor_bool({'true' if value else 'false'});")
+            code.shims.add("aoti_torch_scalar_to_tensor_bool")
+        elif isinstance(value, int) or (hasattr(value, "is_integer") and getattr(value, "is_integer", False)):
+            code.lines.append(f"wrapgen::Tensor {name} = wrapgen::scalar_tensor_int64({cpp_expr(value)});")
+            code.shims.add("aoti_torch_scalar_to_tensor_int64")
+        elif isinstance(value, float):
+            wide = any(d in (torch.float64, torch.complex128) for d in dtypes)
+            fn = "float64" if wide else "float32"
+            code.lines.append(f"wrapgen::Tensor {name} = wrapgen::scalar_tensor_{fn}({cpp_float(value)});")
+            code.shims.add(f"aoti_torch_scalar_to_tensor_{fn}")
+        else:
+            raise CannotExpress(f"cannot pass {value!r} where a Tensor goes")
+        return name
+
+    # -- the dispatcher route ---------------------------------------------------------------
+    def _dispatcher(self, line: ExternKernel, op: str, schema, bound) -> CallCode:
+        code = CallCode(shims={"aoti_torch_call_dispatcher", "aoti_torch_new_tensor_handle"})
+        dtypes = self._tensor_dtypes(bound)
+        pushes = [f"st.push({self._encode(a.real_type, v, dtypes, code)});" for a, v in bound]
+        _, name, overload = _overload(op)
+        namespace = op.split("::", 1)[0]
+        returns = [r.real_type for r in schema.returns]
+        flags = ", ".join("1" if _kind(r) == "TensorType" else "0" for r in returns) or "0"
+        body = [f"wrapgen::Stack st({max(len(bound), len(returns), 1)});", *pushes]
+        body.append(f"static const uint8_t tensor_returns[] = {{{flags}}};")
+        overload_name = "" if overload == "default" else overload
+        body.append(f"st.call({cpp_string(f'{namespace}::{name}')}, {cpp_string(overload_name)}, {len(returns)}, tensor_returns);")
+        body += self._bind_results(line, returns)
+        code.lines = [*code.lines, *body]
+        return code
+
+    def _encode(self, t, value, dtypes, code: CallCode) -> str:
+        kind = _kind(t)
+        if kind == "OptionalType":
+            if value is None:
+                return "wrapgen::Stack::none()"
+            return f"st.some({self._encode(t.getElementType(), value, dtypes, code)})"
+        if value is None:
+            raise CannotExpress(f"None given for a non-optional {t}")
+        if kind == "TensorType":
+            if isinstance(value, TensorRef):
+                return f"st.tensor(t_{value.name})"
+            return f"st.tensor({self._number_tensor(value, dtypes, code)})"
+        if kind in ("IntType", "SymIntType"):
+            return f"wrapgen::Stack::int64({cpp_expr(value)})"
+        if kind == "FloatType":
+            return f"wrapgen::Stack::f64({cpp_float(float(value))})"
+        if kind == "BoolType":
+            return f"wrapgen::Stack::boolean({'true' if value else 'false'})"
+        if kind in ("ScalarTypeType", "LayoutType", "MemoryFormatType") and isinstance(value, int):
+            return f"wrapgen::Stack::enum32({value})"  # a schema default: already the c10 (= shim) code
+        if kind == "ScalarTypeType":
+            code.shims.add(dtype_code(value).removesuffix("()"))
+            return f"wrapgen::Stack::enum32({dtype_code(value)})"
+        if kind == "LayoutType":
+            code.shims.add(layout_code(value).removesuffix("()"))
+            return f"wrapgen::Stack::enum32({layout_code(value)})"
+        if kind == "MemoryFormatType":
+            code.shims.add(memory_format_code(value).removesuffix("()"))
+            return f"wrapgen::Stack::enum32({memory_format_code(value)})"
+        if kind == "DeviceObjType":
+            device = torch.device(value)
+            code.shims.add(device_type_code(device).removesuffix("()"))
+            index = device.index if device.index is not None else -1
+            return f"wrapgen::Stack::device({device_type_code(device)}, {index})"
+        if kind == "StringType":
+            code.shims.update({"torch_new_string_handle", "torch_delete_string"})
+            return f"st.str({cpp_string(str(value))})"
+        if kind == "ListType":
+            items = value if isinstance(value, tuple) else (value,)
+            code.shims.update({"torch_new_list_reserve_size", "torch_list_push_back", "torch_delete_list"})
+            inner = ", ".join(self._encode(t.getElementType(), v, dtypes, code) for v in items)
+            return f"st.list({{{inner}}})"
+        raise CannotExpress(f"arguments of type {t} cannot cross the dispatcher's StableIValues")
+
+    def _bind_results(self, line: ExternKernel, returns) -> list[str]:
+        if line.name is None:
+            return []
+        target = f"t_{line.name}"
+        if len(returns) == 1 and _kind(returns[0]) == "TensorType":
+            return [f"{target} = st.take_tensor(0);"]
+        if len(returns) == 1 and _kind(returns[0]) == "ListType" and _kind(returns[0].getElementType()) == "TensorType":
+            return [f"{target} = st.take_tensor_list(0);"]  # the IR indexes a lone list return directly
+        out = []
+        for i, r in enumerate(returns):
+            kind = _kind(r)
+            if kind == "TensorType":
+                out.append(f"{target}.items.emplace_back(st.take_tensor({i}));")
+            elif kind == "ListType" and _kind(r.getElementType()) == "TensorType":
+                out.append(f"{target}.items.push_back(st.take_tensor_list({i}));")
+            else:
+                raise CannotExpress(f"{line.op} returns a {r}, which the C++ target cannot hold")
+        return out
+
+    def result_is_tensor(self, line: ExternKernel) -> bool:
+        """Whether the line's result is one tensor (else a wrapgen::Value tree)."""
+        schema = resolve_op(line.op)._schema
+        return len(schema.returns) == 1 and _kind(schema.returns[0].real_type) == "TensorType"
+
+    # -- out= ops through their functional form ---------------------------------------------
+    def _out_args(self, schema) -> list[str]:
+        return [a.name for a in schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+
+    def _out_via_functional(self, line: ExternKernel, schema, bound) -> CallCode | None:
+        """`op.out(..., out=o)` as the generated shim of its functional overload, then a copy into `o`."""
+        outs = self._out_args(schema)
+        if len(outs) != 1:
+            return None
+        namespace, name, _ = _overload(line.op)
+        packet = getattr(getattr(torch.ops, namespace), name)
+        inputs = [(a, v) for a, v in bound if a.name not in outs]
+        out_value = dict((a.name, v) for a, v in bound)[outs[0]]
+        for overload in packet.overloads():
+            other = getattr(packet, overload)._schema
+            if len(other.arguments) != len(inputs) or len(other.returns) != 1:
+                continue
+            if any(a.name != b.name or str(a.real_type) != str(b.real_type) for (a, _), b in zip(inputs, other.arguments)):
+                continue
+            temp = self._temp("functional")
+            fake = ExternKernel(temp, f"{namespace}::{name}.{overload}", tuple(v for _, v in inputs))
+            code = self._generated_shim(fake, other, [(b, v) for (_, v), b in zip(inputs, other.arguments)])
+            if code is None:
+                return None
+            code.lines.insert(0, f"wrapgen::Tensor t_{temp};")
+            code.lines.append(f"wrapgen::check(aoti_torch_copy_(t_{out_value.name}.get(), t_{temp}.get(), 0), \"aoti_torch_copy_\");")
+            code.shims.add("aoti_torch_copy_")
+            return code
+        return None
+
+    def _integral_add(self, line: ExternKernel, schema, bound) -> CallCode | None:
+        """add/sub of integer tensors with an `alpha` (a Scalar no shim route takes for integers):
+        self + alpha*other == sum(stack(broadcast(self, alpha*other)), 0), exact for integers."""
+        _, name, overload = _overload(line.op)
+        values = {a.name: v for a, v in bound}
+        if name not in ("add", "sub") or overload not in ("Tensor", "out") or set(values) - {"self", "other", "alpha", "out"}:
+            return None
+        alpha = values.get("alpha", 1)
+        if not isinstance(alpha, int) or isinstance(alpha, bool):
+            return None
+        code = CallCode(shims={"aoti_torch_call_dispatcher", "aoti_torch_new_tensor_handle"})
+        steps: list[tuple[str, str, tuple, tuple]] = []
+        other = values["other"]
+        if alpha != 1:
+            steps.append(("scaled", "aten::mul.Tensor", (other, alpha), ()))
+            other = TensorRef("__scaled")
+        if name == "sub":
+            steps.append(("negated", "aten::neg.default", (other,), ()))
+            other = TensorRef("__negated")
+        steps.append(("parts", "aten::broadcast_tensors.default", ((values["self"], other),), ()))
+        steps.append(("stacked", "aten::stack.default", ((TensorRef("__p0"), TensorRef("__p1")),), ()))
+        if overload == "out":
+            steps.append(("", "aten::sum.IntList_out", (TensorRef("__stacked"), (0,), False), (("out", values["out"]),)))
+        else:
+            result = self.types.get(line.name) if line.name else None
+            dtype = result.dtype if isinstance(result, TensorType) else None
+            steps.append(("result", "aten::sum.dim_IntList", (TensorRef("__stacked"), (0,), False), (("dtype", dtype),)))
+        for label, op, args, kwargs in steps:
+            target = line.name if label == "result" else (f"__{label}" if label else None)
+            fake = ExternKernel(target, op, _rename(args), _rename(kwargs))
+            sub = self._dispatcher(fake, op, resolve_op(op)._schema, self._bind(fake, resolve_op(op)._schema))
+            if target is not None and target != line.name:
+                kind = "wrapgen::Value" if label == "parts" else "wrapgen::Tensor"
+                code.lines.append(f"{kind} t_{target};")
+            code.lines += ["{", *(f"  {text}" for text in sub.lines), "}"]
+            code.shims |= sub.shims
+            if label == "parts":
+                code.lines += [f"wrapgen::Tensor t___p{i} = t___parts.at({{{i}}}).tensor.share();" for i in (0, 1)]
+        return code
+
+    def _host_arange(self, line: ExternKernel, bound) -> CallCode | None:
+        """Integer `aten::arange` on the CPU, filled by the runtime header."""
+        _, name, overload = _overload(line.op)
+        values = {a.name: v for a, v in bound}
+        result = self.types.get(line.name) if line.name else None
+        if name != "arange" or overload not in ("default", "start", "start_step") or not isinstance(result, TensorType):
+            return None
+        if result.device.type != "cpu" or result.dtype not in (torch.int64, torch.int32, torch.float32, torch.float64):
+            return None
+        start, end, step = values.get("start", 0), values["end"], values.get("step", 1)
+        if any(isinstance(v, (float, bool)) or v is None for v in (start, end, step)):
+            return None
+        code = CallCode(shims={"aoti_torch_empty_strided", "aoti_torch_get_data_ptr", dtype_code(result.dtype).removesuffix("()")})
+        code.lines.append(
+            f"t_{line.name} = wrapgen::arange_cpu_int({cpp_expr(start)}, {cpp_expr(end)}, {cpp_expr(step)}, {dtype_code(result.dtype)});"
+        )
+        return code
+
+    # -- the generated-shim route -----------------------------------------------------------
+    def _generated_shim(self, line: ExternKernel, schema, bound, allow_integral: bool = False) -> CallCode | None:
+        _, name, overload = _overload(line.op)
+        fn_name = f"aoti_torch_{self.device.type}_{name}" + ("" if overload == "default" else f"_{overload}")
+        fn = generated_shims(f"c_shim_{self.device.type}.h").get(fn_name)
+        if fn is None:
+            fn_name = f"aoti_torch_aten_{name}" + ("" if overload == "default" else f"_{overload}")
+            fn = generated_shims("c_shim_aten.h").get(fn_name)
+        if fn is None:
+            return None
+        dtypes = self._tensor_dtypes(bound)
+        integral = not allow_integral and any(d in _INTEGRAL for d in dtypes)
+        values = {a.name: (a, v) for a, v in bound}
+        for a, v in bound:
+            if _is_number_type(a.real_type) and v is not None and not isinstance(v, float) and integral:
+                return None  # an int Scalar would become a double: integral ops reject or change meaning
+        code = CallCode(shims={fn_name})
+        call_args: list[str] = []
+        results: list[str] = []
+        lengths: dict[str, str] = {}
+        for ctype, pname in fn.params:
+            if pname.endswith("_len_"):
+                call_args.append(lengths[pname.removesuffix("_len_")])
+                continue
+            if re.fullmatch(r"ret\d+", pname):
+                if ctype != "AtenTensorHandle*":
+                    return None
+                tmp = self._temp("ret")
+                code.lines.append(f"AtenTensorHandle {tmp} = nullptr;")
+                call_args.append(f"&{tmp}")
+                results.append(tmp)
+                continue
+            if pname not in values:
+                return None
+            arg, value = values[pname]
+            try:
+                expr = self._shim_arg(ctype, arg, value, dtypes, code, lengths, pname)
+            except CannotExpress:
+                return None
+            call_args.append(expr)
+        code.lines.append(f"wrapgen::check({fn_name}({', '.join(call_args)}), {cpp_string(fn_name)});")
+        owned = [f"wrapgen::Tensor({r})" for r in results]
+        if line.name is not None:
+            if len(results) == 1 and self.result_is_tensor(line):
+                code.lines.append(f"t_{line.name} = {owned[0]};")
+            else:
+                code.lines += [f"t_{line.name}.items.emplace_back({o});" for o in owned]
+        else:
+            code.lines += [f"{o}.reset();" for o in owned]
+        return code
+
+    def _shim_arg(self, ctype: str, arg, value, dtypes, code: CallCode, lengths: dict, pname: str) -> str:
+        kind = _kind(arg.real_type)
+        inner = arg.real_type.getElementType() if kind == "OptionalType" else None
+        if ctype == "AtenTensorHandle":
+            if isinstance(value, TensorRef):
+                return f"t_{value.name}.get()"
+            return f"{self._number_tensor(value, dtypes, code)}.get()"
+        if ctype == "AtenTensorHandle*":  # Tensor?
+            if value is None:
+                return "nullptr"
+            tmp = self._temp("h")
+            source = f"t_{value.name}" if isinstance(value, TensorRef) else self._number_tensor(value, dtypes, code)
+            code.lines.append(f"AtenTensorHandle {tmp} = {source}.get();")
+            return f"&{tmp}"
+        if ctype == "double":
+            return cpp_float(float(value))
+        if ctype == "double*":
+            if value is None:
+                return "nullptr"
+            tmp = self._temp("d")
+            code.lines.append(f"double {tmp} = {cpp_float(float(value))};")
+            return f"&{tmp}"
+        if ctype == "int64_t":
+            return cpp_expr(value)
+        if ctype == "int64_t*":
+            if value is None:
+                return "nullptr"
+            tmp = self._temp("i")
+            code.lines.append(f"int64_t {tmp} = {cpp_expr(value)};")
+            return f"&{tmp}"
+        if ctype == "int32_t" and (kind == "BoolType"):
+            return "1" if value else "0"
+        if ctype == "int32_t" and kind == "ScalarTypeType":
+            return dtype_code(value)
+        if ctype == "const int64_t*":
+            items = value if isinstance(value, tuple) else (value,)
+            tmp = self._temp("a")
+            code.lines.append(f"const int64_t {tmp}[] = {{{', '.join(cpp_expr(v) for v in items) or '0'}}};")
+            lengths[pname] = cpp_int(len(items))
+            return tmp
+        if ctype == "const char*" and kind == "StringType":
+            return cpp_string(str(value))
+        if ctype == "int32_t*" and inner is not None:
+            if value is None:
+                return "nullptr"
+            tmp = self._temp("e")
+            ikind = _kind(inner)
+            text = (
+                dtype_code(value) if ikind == "ScalarTypeType"
+                else layout_code(value) if ikind == "LayoutType"
+                else ("1" if value else "0") if ikind == "BoolType"
+                else None
+            )
+            if text is None:
+                raise CannotExpress(pname)
+            code.lines.append(f"int32_t {tmp} = {text};")
+            return f"&{tmp}"
+        raise CannotExpress(f"shim parameter {ctype} {pname}")
+
+
+def _rename(value: object) -> object:
+    """Fake names of the add/sub composite are C++ locals `t___name` (three underscores)."""
+    if isinstance(value, tuple):
+        return tuple(_rename(v) for v in value)
+    return value
+
+
+def _refs(value: object) -> list[str]:
+    if isinstance(value, TensorRef):
+        return [value.name]
+    if isinstance(value, tuple):
+        return [n for v in value for n in _refs(v)]
+    return []
+
+
+def _default(arg: torch._C.Argument) -> object:
+    """A schema default as a Wrapper IR value (lists become tuples; enums stay c10 codes, which
+    are the shim's codes too)."""
+    value = arg.default_value
+    return tuple(value) if isinstance(value, list) else value
+
+
+__all__ = ["CallCode", "CannotExpress", "ExternWriter", "generated_shims", "device_index"]

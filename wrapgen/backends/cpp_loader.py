@@ -1,0 +1,173 @@
+"""Load a C++ model library in-process and call it from Python (ctypes, the C ABI of
+`cpp_runtime/include/wrapgen/abi.h`).
+
+Tensors cross as `AtenTensorHandle`s made by torch's own helpers
+(`torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors` / `alloc_tensors_by_stealing_from_void_ptrs`),
+so no C++ extension has to be built against libtorch_python. Wrong inputs raise
+`InputMismatchError` (from the library's own checks, or here for non-tensors), NaN/Inf under
+check_finite raise FloatingPointError; the process never crashes on bad input.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import threading
+from collections.abc import Sequence
+
+import torch
+
+from wrapgen.backends.python_runtime import InputMismatchError
+
+WG_MODEL_ABI_VERSION = 1
+_MESSAGE_SIZE = 4096
+_KINDS = {"tensor": 0, "int": 1, "float": 2, "bool": 3, "none": 4}
+
+
+class WgValue(ctypes.Structure):
+    _fields_ = [
+        ("kind", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+        ("i", ctypes.c_int64),
+        ("f", ctypes.c_double),
+        ("t", ctypes.c_void_p),
+    ]
+
+
+class ModelLoadError(RuntimeError):
+    """The library is not a wrapgen model this runtime can call."""
+
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+def _to_handles(tensors: list[torch.Tensor]) -> list[int]:
+    """New `AtenTensorHandle`s (owning references) for tensors, as integers."""
+    return [_capsule_pointer(c, None) for c in torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors(tensors)]
+
+
+def _from_handles(handles: list[int]) -> list[torch.Tensor]:
+    """Tensors for owning handles; the handles are consumed."""
+    return torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_capsule_new(h, None, None) for h in handles])
+
+
+def raise_error(kind: int, message: str) -> None:
+    if kind == 1:
+        raise InputMismatchError(message)
+    if kind == 2:
+        raise FloatingPointError(message)
+    raise RuntimeError(f"C++ model failed: {message}")
+
+
+class CppModel:
+    """A loaded model library: `model(args)` runs it on a list of inputs (the boxed convention)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            self.library = ctypes.CDLL(path)
+        except OSError as e:
+            raise ModelLoadError(f"cannot load the C++ model {path}: {e}") from None
+        version = self.library.wg_abi_version
+        version.restype = ctypes.c_uint32
+        if version() != WG_MODEL_ABI_VERSION:
+            raise ModelLoadError(f"{path} uses model ABI {version()}, this wrapgen expects {WG_MODEL_ABI_VERSION}")
+        meta = self.library.wg_metadata
+        meta.restype = ctypes.c_char_p
+        self.metadata = json.loads(meta().decode())
+        self._run = self.library.wg_run
+        self._run.restype = ctypes.c_int32
+        self._run.argtypes = [
+            ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(WgValue), ctypes.c_int64,
+            ctypes.POINTER(WgValue), ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64,
+        ]
+        self._live = self.library.wg_live_handles
+        self._live.restype = ctypes.c_int64
+        self.inputs = self.metadata["inputs"]
+        self.output_kinds = [o["kind"] for o in self.metadata["outputs"]]
+        self._tensor_positions = [i for i, s in enumerate(self.inputs) if s["kind"] == "tensor"]
+        self._constant_handles: list[int] = []
+        self._constants = (ctypes.c_void_p * 1)()
+        self._constant_values: list[torch.Tensor] = []
+        self._lock = threading.Lock()
+
+    def live_handles(self) -> int:
+        """Tensor handles the library's code holds now (0 between calls: the leak check)."""
+        return int(self._live())
+
+    def set_constants(self, values: Sequence[torch.Tensor | None]) -> None:
+        """Bind the program's constants (in metadata order); the model keeps references to them."""
+        specs = self.metadata["constants"]
+        if len(values) != len(specs):
+            raise ValueError(f"the model has {len(specs)} constants, got {len(values)}")
+        missing = [s["name"] for s, v in zip(specs, values) if not isinstance(v, torch.Tensor)]
+        if missing:
+            raise ValueError(f"constants without a value: {', '.join(missing)}")
+        handles = _to_handles(list(values)) if values else []
+        array = (ctypes.c_void_p * max(1, len(handles)))(*handles)
+        with self._lock:
+            old = self._constant_handles
+            self._constant_handles, self._constants, self._constant_values = handles, array, list(values)
+        if old:
+            _from_handles(old)  # release the previous set's references
+
+    def __del__(self) -> None:
+        handles = getattr(self, "_constant_handles", None)
+        if handles:
+            _from_handles(handles)
+
+    def __call__(self, args: list) -> tuple:
+        n = len(self.inputs)
+        if len(args) != n:
+            raise InputMismatchError(f"expected {n} inputs, got {len(args)}")
+        values = (WgValue * max(1, n))()
+        tensors = []
+        for i, spec in enumerate(self.inputs):
+            value = args[i]
+            kind = spec["kind"]
+            if kind == "tensor":
+                if not isinstance(value, torch.Tensor):
+                    raise InputMismatchError(f"input {spec['name']}: expected a tensor, got {type(value).__name__}")
+                tensors.append(value)
+            elif kind == "float":
+                if not isinstance(value, (int, float)):
+                    raise InputMismatchError(f"input {spec['name']}: expected a number, got {type(value).__name__}")
+                values[i].kind, values[i].f = 2, float(value)
+            else:
+                if not isinstance(value, int):
+                    raise InputMismatchError(f"input {spec['name']}: expected an int, got {type(value).__name__}")
+                values[i].kind, values[i].i = 1, int(value)
+        args.clear()  # boxed convention: the caller's list no longer keeps inputs alive
+        for position, handle in zip(self._tensor_positions, _to_handles(tensors) if tensors else []):
+            values[position].kind, values[position].t = 0, handle  # taken over by wg_run
+        m = len(self.output_kinds)
+        outputs = (WgValue * max(1, m))()
+        message = ctypes.create_string_buffer(_MESSAGE_SIZE)
+        constants = self._constants  # one consistent set for this call, even if swapped meanwhile
+        status = self._run(constants, len(self._constant_handles), values, n, outputs, m, message, _MESSAGE_SIZE)
+        if status != 0:
+            raise_error(status, message.value.decode(errors="replace"))
+        return self._outputs(outputs, m)
+
+    def _outputs(self, outputs, m: int) -> tuple:
+        handles = [outputs[i].t for i in range(m) if outputs[i].kind == 0]
+        tensors = iter(_from_handles(handles)) if handles else iter(())
+        result = []
+        for i in range(m):
+            kind = outputs[i].kind
+            if kind == 0:
+                result.append(next(tensors))
+            elif kind == 1:
+                result.append(int(outputs[i].i))
+            elif kind == 2:
+                result.append(float(outputs[i].f))
+            elif kind == 3:
+                result.append(bool(outputs[i].i))
+            else:
+                result.append(None)
+        return tuple(result)
