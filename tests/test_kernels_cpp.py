@@ -163,6 +163,13 @@ def test_int_and_bool_dtypes() -> None:
     assert kernel_calls(compiled.program)
 
 
+def test_arange_with_bool_bounds_falls_back() -> None:
+    def fn():
+        return torch.arange(False, True, True, dtype=torch.float32)
+
+    torch.testing.assert_close(wrapgen.compile(fn, [])(), fn())
+
+
 def test_casts_full_and_arange() -> None:
     def fn(x):
         i = torch.arange(x.shape[1])

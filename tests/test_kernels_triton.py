@@ -168,6 +168,14 @@ def test_identical_layers_share_one_kernel() -> None:
         torch.testing.assert_close(compiled(*fresh), model(*fresh))
 
 
+def test_triton_on_cpu_without_the_interpreter_is_a_clear_error(monkeypatch) -> None:
+    if DEVICE != "cpu":
+        pytest.skip("CPU-only behaviour")
+    monkeypatch.setattr(compat, "interpreting", lambda: False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        wrapgen.compile(lambda x: x * 2, (randn(4),))
+
+
 def test_launch_is_bound_once_not_through_the_jit_grid() -> None:
     compiled = wrapgen.compile(lambda x: torch.tanh(x) * 2, (randn(64),))
     source = compiled.artifact.source

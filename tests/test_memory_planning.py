@@ -289,3 +289,18 @@ def test_generated_kernel_writes_in_place_only_where_it_declares_so() -> None:
 def test_may_alias_must_name_a_written_buffer_and_an_argument() -> None:
     with pytest.raises(ValueError, match="may_alias pair"):
         KernelCall("k", (TensorRef("a"), TensorRef("b")), writes=("b",), may_alias=(("a", "b"),)).check()
+
+
+def test_peak_of_many_large_symbolic_sizes_keeps_every_candidate() -> None:
+    """Past a size, the peak is a Max of all candidates (proving an order between large
+    expressions can take sympy minutes); it still bounds every candidate."""
+    from wrapgen.wrapper_ir.passes.peak_memory import MAX_PRUNED_CANDIDATES, _maximum
+
+    s0, s1, s2 = sympy.symbols("s0 s1 s2", integer=True, positive=True)
+    candidates = [sympy.floor((s0 * 17 + k) / 10) * sympy.floor((s1 * 17 + k) / 10) * (s2 + k) * 4
+                  for k in range(MAX_PRUNED_CANDIDATES + 1)] + [sympy.Integer(100)]
+    peak = _maximum(candidates)
+    for values in ({s0: 1, s1: 1, s2: 1}, {s0: 7, s1: 3, s2: 40}):
+        at = int(peak.xreplace(values))  # how planning evaluates it (subs would re-prove the Max)
+        assert all(at >= int(c.xreplace(values)) for c in candidates)
+    assert _maximum([s0 * 4, s0 * 8, sympy.Integer(0)]) == 8 * s0  # small cases still prune

@@ -3,12 +3,18 @@
     pytest tests/conformance                 # the fast subset (subset.py); part of `make test`
     make conformance                         # every op: python -m tests.conformance.run
     python -m tests.conformance.run --ops 'nn.functional.*' --max-samples 0 --jobs 4
+    python -m tests.conformance.run --budget-s 540 --shard 1/2   # stop in time; half the ops
     python -m tests.conformance.run --from-json build/conformance/results.jsonl   # re-judge a run
+    python -m tests.conformance.run --from-json a.jsonl b.jsonl  # merge shards into one report
 
 harness.py      runs and classifies one sample (pass / fallback / capture failed / wrong /
                 crash / skipped)
 fallbacks.py    which program lines count as ATen fallbacks (the one place to refine)
 known_failures.py  the one list of known wrong/crash results, with reasons (strict xfail)
 subset.py       the ops CI runs
-run.py          the full run (worker processes, progress bar), report.py its markdown
+run.py          the full run: plan, journal, reports (--budget-s, --shard i/n, --from-json to merge)
+supervisor.py   hands ops to worker processes (worker.py), keeps to the wall-clock budget
+schedule.py     cheapest ops first (op_costs.json, measured), shards
+journal.py      every result as JSON lines, written as it arrives (a killed run keeps them)
+report.py       the markdown: counts per class, not-run / cut-off ops, where the time went
 """

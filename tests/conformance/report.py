@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Sequence
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .harness import CAPTURE_FAILED, CLASSES, CRASH, FAILING, FALLBACK, SKIPPED, WRONG, worst
 from .known_failures import KNOWN_FAILURES, Known, verdict
@@ -55,6 +57,21 @@ class OpSummary:
 
 
 @dataclass
+class Coverage:
+    """What the run set out to do on a device and what it did not get to."""
+
+    planned: Mapping[str, Sequence[str]] = field(default_factory=dict)  # op -> its modes
+    not_run: Sequence[str] = ()  # planned ops without any result (the budget ran out first)
+    cut_off: Sequence[str] = ()  # ops stopped part way: some of their samples have results
+    seconds: Mapping[str, float] = field(default_factory=dict)  # finished op -> wall seconds
+    startups: Sequence[Mapping[str, Any]] = ()  # each worker's startup seconds by stage
+
+    def missing(self, mode: str, summaries: Mapping[tuple[str, str], Any]) -> list[str]:
+        """Planned ops with no result in `mode`."""
+        return [op for op, modes in self.planned.items() if mode in modes and (op, mode) not in summaries]
+
+
+@dataclass
 class Verdicts:
     known: list[tuple[OpSummary, Known]] = field(default_factory=list)
     unexpected: list[OpSummary] = field(default_factory=list)
@@ -87,10 +104,14 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _count_table(rows: Sequence[tuple[str, collections.Counter]]) -> list[str]:
-    lines = ["| mode | " + " | ".join(CLASSES) + " | total |", "|---" * (len(CLASSES) + 2) + "|"]
+def _count_table(rows: Sequence[tuple[str, collections.Counter]], not_run: Mapping[str, int] | None = None) -> list[str]:
+    """Counts per class and mode; with `not_run`, a column of planned ops that have no result."""
+    extra = ["not run"] if not_run is not None else []
+    lines = ["| mode | " + " | ".join([*CLASSES, *extra]) + " | total |", "|---" * (len(CLASSES) + len(extra) + 2) + "|"]
     for name, counts in rows:
-        lines.append(f"| {name} | " + " | ".join(str(counts[c]) for c in CLASSES) + f" | {sum(counts.values())} |")
+        missing = [] if not_run is None else [not_run.get(name, 0)]
+        total = sum(counts.values()) + sum(missing)
+        lines.append(f"| {name} | " + " | ".join([*(str(counts[c]) for c in CLASSES), *map(str, missing)]) + f" | {total} |")
     return lines
 
 
@@ -100,10 +121,14 @@ def render(
     target: str,
     header: dict[str, str],
     modes: Sequence[str],
+    coverage: Coverage | None = None,
 ) -> tuple[str, Verdicts]:
-    """The markdown report for one device and target, and its verdicts."""
+    """The markdown report for one device and target, and its verdicts (an op that was cut
+    off cannot be stale: its failing samples may be among those that did not run)."""
+    coverage = coverage or Coverage()
     summaries = summarize(results)
     verdicts = judge(summaries, target, device)
+    verdicts.stale = [v for v in verdicts.stale if v[0] not in set(coverage.cut_off)]
     known_ids = {(s.op, s.mode) for s, _ in verdicts.known}
     lines = [f"# wrapgen conformance: {device} / {target}", ""]
     lines += [f"- {k}: {v}" for k, v in header.items()]
@@ -114,7 +139,8 @@ def render(
         "as a fallback). An op's class in a mode is the worst class among its samples.",
         "",
         f"**Unexpected wrong/crash: {len(verdicts.unexpected)}** · known failures (xfail): {len(verdicts.known)} "
-        f"· stale known-failure entries (now pass): {len(verdicts.stale)}",
+        f"· stale known-failure entries (now pass): {len(verdicts.stale)}"
+        f" · **ops not run: {len(coverage.not_run)}** · ops cut off part way: {len(coverage.cut_off)}",
         "",
         "## Samples per class",
         "",
@@ -127,7 +153,13 @@ def render(
         ops_by_mode.setdefault(s.mode, collections.Counter())[s.cls] += 1
     lines += _count_table(list(by_mode.items()))
     lines += ["", "## Ops per class (worst sample)", ""]
-    lines += _count_table(list(ops_by_mode.items()))
+    if coverage.planned:
+        lines += ["*not run*: ops planned in the mode without a single result in it (see Not run below).", ""]
+        missing = {m: len(coverage.missing(m, summaries)) for m in ops_by_mode}
+        lines += _count_table(list(ops_by_mode.items()), missing)
+    else:
+        lines += _count_table(list(ops_by_mode.items()))
+    _unfinished_section(lines, coverage)
 
     def failing_section(title: str, cls: str, note: str) -> None:
         rows = [s for s in summaries.values() if cls in {r.cls for r in s.results}]
@@ -186,7 +218,40 @@ def render(
     lines.append("|---|---|")
     for name, users in sorted(fallback_users.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         lines.append(f"| `{name}` | {len(users)} |")
+    _timing_section(lines, coverage)
     return "\n".join(lines) + "\n", verdicts
+
+
+def _op_list(ops: Sequence[str]) -> str:
+    return ", ".join(f"`{op}`" for op in ops) if ops else "None."
+
+
+def _unfinished_section(lines: list[str], coverage: Coverage) -> None:
+    lines.extend(["", f"## Not run ({len(coverage.not_run)} ops)", ""])
+    if coverage.not_run:
+        lines.extend(["Planned, but the run stopped (budget, SIGTERM, killed) before any of their samples ran.", ""])
+    lines.append(_op_list(coverage.not_run))
+    lines.extend(["", f"## Cut off ({len(coverage.cut_off)} ops)", ""])
+    if coverage.cut_off:
+        lines.extend(["Running when the run stopped: the samples that finished are counted above, the rest did not run.", ""])
+    lines.append(_op_list(coverage.cut_off))
+
+
+def _timing_section(lines: list[str], coverage: Coverage) -> None:
+    if not coverage.seconds and not coverage.startups:
+        return
+    lines.extend(["", "## Where the time went", ""])
+    if coverage.startups:
+        stages = sorted({k for s in coverage.startups for k in s})
+        medians = ", ".join(f"{k.removesuffix('_s')} {statistics.median(s.get(k, 0.0) for s in coverage.startups):.1f} s"
+                            for k in stages)
+        lines.append(f"- worker startups: {len(coverage.startups)}, median by stage: {medians}")
+    if coverage.seconds:
+        total = sum(coverage.seconds.values())
+        lines.append(f"- finished ops: {len(coverage.seconds)}, {total / 60:.1f} worker-minutes, "
+                     f"median {statistics.median(coverage.seconds.values()):.1f} s per op")
+        slow = sorted(coverage.seconds.items(), key=lambda kv: -kv[1])[:15]
+        lines.append("- slowest: " + ", ".join(f"`{op}` {s:.0f} s" for op, s in slow))
 
 
 def write_report(path: Path, text: str) -> None:

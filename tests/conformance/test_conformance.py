@@ -8,6 +8,11 @@ run until it is deleted. `make conformance` (python -m tests.conformance.run) ru
 from __future__ import annotations
 
 import functools
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +20,7 @@ import torch
 import wrapgen
 from wrapgen.wrapper_ir import ExternKernel, Output, Program, TensorRef
 
-from . import fallbacks
+from . import fallbacks, run, schedule
 from .harness import (
     CAPTURE_FAILED,
     CLASSES,
@@ -33,6 +38,7 @@ from .harness import (
     op_database,
     run_sample,
 )
+from .journal import load
 from .known_failures import ALL_MODES, KNOWN_FAILURES, known_failure, verdict
 from .subset import FAST_INPLACE, FAST_MODES, FAST_SUBSET, SAMPLES_PER_OP
 
@@ -217,3 +223,103 @@ def test_float_size_expressions_print_as_python() -> None:
         return torch.nn.functional.interpolate(x, scale_factor=1.7, mode="bilinear", recompute_scale_factor=True)
 
     _check(fn, [torch.randn(2, 3, 4, 4)], dynamic=True, calls=[[torch.randn(2, 3, 5, 6)]])
+
+
+# -- the full run's budget, shards and partial reports --------------------------------------------
+
+
+def _journal_lines(planned: dict, shard: list | None, results: list, done: list, end: bool) -> list[str]:
+    info = {"date": "d", "machine": "m", "cuda": {}, "versions": "v", "targets": ["python"], "devices": ["cpu"],
+            "modes": ["static", "dynamic"], "ops": ["abs", "sin", "cos", "tan"], "max_samples": 1, "jobs": 1, "budget_s": 30.0,
+            "shard": shard, "planned": {"cpu": planned}, "command": "python -m tests.conformance.run"}
+    lines = [json.dumps({"run": info})]
+    lines += [json.dumps({"device": "cpu", "target": "python", "op": op, "mode": mode, "index": 0, "cls": cls,
+                          "reason": "", "fallbacks": []}) for op, mode, cls in results]
+    lines += [json.dumps({"op_done": {"device": "cpu", "op": op, "seconds": 1.5}}) for op in done]
+    if end:
+        lines.append(json.dumps({"end": {"elapsed_s": 30.0, "stopped": "budget"}}))
+    return lines
+
+
+def test_a_cut_short_journal_reports_what_did_not_run(tmp_path) -> None:
+    """A killed run's journal (no end record, last line half written) still gives a report that
+    counts and names the ops that did not run and the ones cut off part way."""
+    planned = {op: ["static", "dynamic"] for op in ("abs", "sin", "cos", "tan")}
+    lines = _journal_lines(planned, None, [("abs", "static", PASS), ("abs", "dynamic", PASS), ("sin", "static", WRONG)],
+                           ["abs"], end=False)
+    journal = tmp_path / "killed.jsonl"
+    journal.write_text("\n".join(lines) + '\n{"device": "cpu", "targ')
+    status = run.main(["--from-json", str(journal), "--out", str(tmp_path)])
+    text = (tmp_path / "conformance-cpu-python.md").read_text()
+    assert status == 1  # sin's wrong result is unexpected, whatever else did not run
+    assert "**ops not run: 2** · ops cut off part way: 1" in text
+    assert "## Not run (2 ops)" in text and "`cos`, `tan`" in text
+    assert "## Cut off (1 ops)" in text and "`sin`" in text
+    assert "journal has no end" in text
+    # sin's dynamic mode never ran: "not run" in the dynamic row (sin, cos, tan), static (cos, tan)
+    assert "| static | 1 | 0 | 0 | 1 | 0 | 0 | 2 | 4 |" in text
+    assert "| dynamic | 1 | 0 | 0 | 0 | 0 | 0 | 3 | 4 |" in text
+
+
+def test_shards_partition_the_ops_and_merge_back(tmp_path) -> None:
+    ops = [f"op{i}" for i in range(7)]
+    shards = [schedule.take_shard(ops, i, 3) for i in (1, 2, 3)]
+    assert sorted(sum(shards, [])) == sorted(ops) and all(shards)
+    assert schedule.parse_shard("2/3") == (2, 3)
+    for bad in ("0/3", "4/3", "1", "a/b"):
+        with pytest.raises(ValueError):
+            schedule.parse_shard(bad)
+    assert schedule.order(["b", "a", "c"], {"a": 5.0, "b": 1.0}) == ["b", "c", "a"]  # unknown c: the median
+    paths = []
+    for i, part in enumerate((["abs", "sin"], ["cos"]), 1):
+        planned = {op: ["static", "dynamic"] for op in part}
+        results = [(op, m, PASS) for op in part for m in ("static", "dynamic")]
+        paths.append(tmp_path / f"s{i}.jsonl")
+        paths[-1].write_text("\n".join(_journal_lines(planned, [i, 2], results, part, end=True)) + "\n")
+    assert run.main(["--from-json", *map(str, paths), "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "conformance-cpu-python.md").read_text()
+    assert "3 OpInfo ops" in text and "merged from 2 shards" in text and "**ops not run: 0**" in text
+
+
+def test_a_spent_budget_still_writes_the_report(tmp_path) -> None:
+    """The real run path, with a budget that is spent before any worker can start: nothing is
+    silently dropped, every planned op is reported as not run."""
+    argv = ["--devices", "cpu", "--targets", "python", "--ops", "abs", "sin", "cos", "--max-samples", "1",
+            "--jobs", "1", "--budget-s", "0.01", "--out", str(tmp_path), "--json", str(tmp_path / "r.jsonl"),
+            "--no-progress", "--costs", str(tmp_path / "none.json")]
+    assert run.main(argv) == 3  # clean, but incomplete
+    text = (tmp_path / "conformance-cpu-python.md").read_text()
+    assert "**ops not run: 3**" in text and "`abs`, `cos`, `sin`" in text
+    assert "the budget ran out" in text
+    assert json.loads((tmp_path / "r.jsonl").read_text().splitlines()[-1])["end"]["stopped"] == "budget"
+
+
+@pytest.mark.slow
+def test_the_budget_stops_real_workers_part_way(tmp_path) -> None:
+    """Real workers, killed when the budget runs out: the journal holds every result that
+    arrived, the report accounts for every planned op, and no worker outlives the run."""
+    ops = sorted(k for k in op_database() if k.startswith(("nn.functional.", "linalg.")))[:40]
+    argv = ["--devices", "cpu", "--targets", "python", "--ops", *ops, "--max-samples", "2", "--jobs", "1",
+            "--budget-s", "20", "--report-every", "1", "--out", str(tmp_path), "--json", str(tmp_path / "r.jsonl"),
+            "--no-progress"]
+    started = time.monotonic()
+    status = run.main(argv)
+    assert time.monotonic() - started < 20 + 5
+    journal = load([tmp_path / "r.jsonl"])
+    assert journal.ends and journal.ends[0]["stopped"] == "budget"
+    not_run, cut_off = journal.unfinished("cpu")
+    finished = {op for (_d, op) in journal.done}
+    assert status in (1, 3) and not_run + cut_off
+    assert sorted([*not_run, *cut_off, *finished]) == sorted(journal.planned("cpu"))
+    text = (tmp_path / "conformance-cpu-python.md").read_text()
+    assert f"**ops not run: {len(not_run)}** · ops cut off part way: {len(cut_off)}" in text
+    leftovers = subprocess.run(["pgrep", "-f", "tests.conformance.worker"], capture_output=True, text=True).stdout
+    mine = [pid for pid in leftovers.split() if _parent(int(pid)) == os.getpid()]
+    assert not mine, f"workers left running: {mine}"
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1

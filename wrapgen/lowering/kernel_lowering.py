@@ -319,6 +319,12 @@ def kernel_language(device: torch.device) -> str | None:
     from wrapgen import config
 
     if device.type == "cpu":
+        if config.cpu_kernels == "triton":
+            from wrapgen.kernels.triton import compat
+
+            if not (compat.available() and compat.interpreting()):
+                raise ValueError("config.cpu_kernels='triton' needs triton installed and TRITON_INTERPRET=1: "
+                                 "Triton runs kernels on CPU tensors only in its interpreter")
         return config.cpu_kernels
     if device.type == "cuda":
         try:

@@ -335,7 +335,7 @@ def _full(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
 
 
 @register("aten::arange.start_step", "aten::arange.default", "aten::arange.start",
-          check=lambda n: all(isinstance(a, (int, float)) for a in n.args))
+          check=lambda n: all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in n.args))
 def _arange(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     out = out_fake(node)
     sizes, dtype = ctx.shape(out.shape), out.dtype

@@ -48,10 +48,23 @@ def peak_memory(program: Program) -> sympy.Expr:
     return _maximum([sympy.Integer(0), *live_bytes(program)])
 
 
+# Proving an order between large symbolic expressions can take sympy minutes (seen with
+# bicubic interpolation under dynamic shapes): beyond these sizes the Max keeps every candidate.
+MAX_PRUNED_OPS = 40
+MAX_PRUNED_CANDIDATES = 64
+
+
 def _maximum(candidates: list[sympy.Expr]) -> sympy.Expr:
     """Max of expressions, dropping those provably below another (keeps the result small)."""
+    unique = sorted({sympy.expand(c) for c in candidates}, key=sympy.default_sort_key)
+    if len(unique) > MAX_PRUNED_CANDIDATES or any(sympy.count_ops(e) > MAX_PRUNED_OPS for e in unique):
+        numbers = [e for e in unique if e.is_number]
+        symbolic = [e for e in unique if not e.is_number]
+        if numbers:
+            symbolic.append(max(numbers))
+        return symbolic[0] if len(symbolic) == 1 else sympy.Max(*symbolic, evaluate=False)
     kept: list[sympy.Expr] = []
-    for expr in sorted({sympy.expand(c) for c in candidates}, key=sympy.default_sort_key):
+    for expr in unique:
         if any(provably_le(expr, other) for other in kept):
             continue
         kept = [other for other in kept if not provably_le(other, expr)]
