@@ -259,3 +259,46 @@ def sympy_mod(a, b):
     from torch.utils._sympy.functions import PythonMod
 
     return PythonMod(a, b)
+
+
+def test_gpu_kernel_launch_is_emitted_through_the_driver_loader():
+    """A Triton kernel on CUDA: launched from C++ with the stream read once per run, the grid
+    from the IR, int32/int64 arguments as the kernel was compiled, and the unaligned variant
+    chosen when a maybe-unaligned input is not 16-byte aligned. (Emission only: building and
+    running need a GPU, tests/test_cuda.py.)"""
+    import sympy
+
+    from wrapgen.wrapper_ir import Allocate, KernelCall, KernelDefinition
+
+    cuda = torch.device("cuda:0")
+
+    x_type = TensorType(torch.float32, cuda, (8,), (1,))
+    kernel = KernelDefinition(
+        "triton_k0",
+        "triton",
+        "@triton.jit\ndef triton_k0(in_ptr0, out_ptr1, xnumel, XBLOCK: tl.constexpr):\n    pass\n",
+        (("device", "cuda:0"), ("arg_names", ("in_ptr0", "out_ptr1", "xnumel")),
+         ("arg_types", ("ptr:float32", "ptr:float32", "int32")), ("constexprs", (("XBLOCK", 128),)),
+         ("num_warps", 4), ("unaligned", ("in_ptr0",))),
+    )
+    program = Program(
+        "p",
+        (TensorInput("x", x_type),),
+        (),
+        (),
+        (
+            Allocate("buf0", x_type),
+            kernel,
+            KernelCall("triton_k0", (TensorRef("x"), TensorRef("buf0"), 8), grid=(sympy.Integer(1),)),
+            KernelCall("triton_k0", (TensorRef("buf0"), TensorRef("buf0"), 8), grid=(sympy.Integer(1),)),
+            Output((TensorRef("buf0"),)),
+        ),
+    )
+    emitter = CppEmitter()
+    source = emitter.emit(program)
+    assert source.count("wrapgen::current_cuda_stream(0)") == 1  # once per run, not per launch
+    assert "wrapgen::CudaDeviceGuard cuda_guard(0);" in source
+    assert "int32_t a2 = static_cast<int32_t>(8);" in source
+    assert "(wrapgen::cuda::aligned16(a0) ? wg_cuda_triton_k0 : wg_cuda_triton_k0_unaligned).launch(0, 1, 1, 1, cuda_stream_0, {&a0, &a1, &a2});" in source
+    assert "extern const wrapgen::cuda::Kernel wg_cuda_triton_k0_unaligned;" in source
+    assert emitter.devices_used == {"cuda"}

@@ -20,7 +20,6 @@ from torch.utils import _pytree as pytree
 
 from wrapgen import config
 from wrapgen.backends.cpp import CppEmitter
-from wrapgen.backends.cpp_build import build_model
 from wrapgen.backends.cpp_loader import WG_MODEL_ABI_VERSION, _from_handles, _to_handles, raise_error
 from wrapgen.backends.cpp_pymodule import runtime_module
 from wrapgen.packaging import (
@@ -66,8 +65,7 @@ def aot_compile(
     captured = _capture(model, example_inputs, dynamic)
     program = optimize(lower_captured(captured))
     emitter = CppEmitter()
-    source = emitter.emit(program)
-    library = build_model(source, [k.source for k in emitter.kernels])
+    source, library = emitter.build(program)
     package = Path(package_path)
     package.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(library, package / "model.so")

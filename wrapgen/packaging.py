@@ -124,8 +124,11 @@ def used_shims(library: str | Path) -> dict[str, str]:
 
 
 @functools.cache
-def _libtorch() -> ctypes.CDLL:
-    return ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+def _libtorch() -> tuple[ctypes.CDLL, ...]:
+    """The libtorch libraries that define shim functions: the CPU one, and the CUDA one where
+    this torch has it (the CUDA guard/stream and aoti_torch_cuda_* shims live there)."""
+    lib_dir = Path(torch.__file__).parent / "lib"
+    return tuple(ctypes.CDLL(str(lib_dir / name)) for name in ("libtorch_cpu.so", "libtorch_cuda.so") if (lib_dir / name).exists())
 
 
 def check_compatible(metadata: dict, where: str) -> None:
@@ -137,11 +140,11 @@ def check_compatible(metadata: dict, where: str) -> None:
         problems.append(f"package format {metadata.get('format')!r}, this wrapgen reads format {PACKAGE_FORMAT}")
     if metadata.get("model_abi") != WG_MODEL_ABI_VERSION:
         problems.append(f"model ABI {metadata.get('model_abi')!r}, this runtime calls ABI {WG_MODEL_ABI_VERSION}")
-    lib = _libtorch()
+    libraries = _libtorch()
     missing = [
         f"{name} (added in torch {version})" if version else name
         for name, version in metadata.get("shims", {}).items()
-        if not hasattr(lib, name)
+        if not any(hasattr(lib, name) for lib in libraries)
     ]
     if missing:
         problems.append(

@@ -29,8 +29,8 @@ from wrapgen.backends.cpp_exprs import (
     dtype_code,
 )
 from wrapgen.backends.cpp_extern import CannotExpress, ExternWriter
+from wrapgen.backends.devices import device_overrides, kernel_device
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
-from wrapgen.backends.python import kernel_device
 from wrapgen.errors import UnsupportedLineError
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
@@ -112,15 +112,20 @@ class CppEmitter(Emitter):
     def begin(self, program: Program) -> None:
         self.body: list[str] = []
         self.shims: set[str] = set(BASE_SHIMS)
-        self.kernels: list[KernelDefinition] = []
+        self.kernels: list[KernelDefinition] = []  # C++ kernels: built into the model library
+        self.gpu_kernels: list[KernelDefinition] = []  # Triton kernels: binaries embedded, launched through the driver
         self.kernel_params: dict[str, str] = {}
+        self.launch_prologues: set[str] = set()
         self.pool_views: dict[tuple[str, torch.dtype], str] = {}
         self.types = program.value_types()
         self.declared: set[str] = set()
         self.scalar_inputs = {i.name for i in program.inputs if isinstance(i, ScalarInput)}
         devices = {i.type.device for i in program.inputs if isinstance(i, TensorInput)}
         self.device = next(iter(devices)) if len(devices) == 1 else torch.device("cpu")
+        self.devices_used: set[str] = {self.device.type}
         self.externs = ExternWriter(self.types, self.device)
+        for text in device_overrides(self.device).cpp_run_prologue(self.device.index):
+            self.writeline(text)
         for number, spec in enumerate(program.inputs):
             if isinstance(spec, TensorInput):
                 self.writeline(f"wrapgen::Tensor t_{spec.name} = std::move(tensor_inputs[{number}]);")
@@ -142,11 +147,13 @@ class CppEmitter(Emitter):
             program_name=program.name,
             emitter=type(self).__name__,
             kernels=[{"name": k.name, "params": self.kernel_params.get(k.name, "")} for k in self.kernels],
+            gpu_kernels=[{"name": k.name, "unaligned": bool(dict(k.metadata).get("unaligned"))} for k in self.gpu_kernels],
             metadata=json.dumps(self.metadata(program), sort_keys=True),
             num_inputs=len(program.inputs),
             num_outputs=len(program.outputs),
             num_constants=len(program.constants),
             constant_names=[cpp_string(c.name) for c in program.constants],
+            constant_devices=[(device_type_code(c.type.device), device_index(c.type.device)) for c in program.constants],
             body=self.body,
         )
 
@@ -190,12 +197,30 @@ class CppEmitter(Emitter):
             "torch_version": torch.__version__.split("+")[0],
         }
 
-    def compile(self, program: Program) -> CompiledArtifact:
+    def build(self, program: Program) -> tuple[str, str]:
+        """Emit `program` and build its library (kernels included): (wrapper source, library path)."""
         from wrapgen.backends.cpp_build import build_model
-        from wrapgen.backends.cpp_loader import CppModel
 
         source = self.emit(program)
-        library = build_model(source, [k.source for k in self.kernels])
+        compile_flags: list[str] = []
+        link_flags: list[str] = []
+        for device_type in sorted(self.devices_used):
+            more_compile, more_link = device_overrides(device_type).cpp_build_flags()
+            compile_flags += [f for f in more_compile if f not in compile_flags]
+            link_flags += [f for f in more_link if f not in link_flags]
+        extra_sources = []
+        if self.gpu_kernels:
+            from wrapgen.backends.cpp_gpu_kernels import kernel_table_source
+
+            extra_sources.append(kernel_table_source(self.gpu_kernels))
+        library = build_model(source, [k.source for k in self.kernels], extra_sources=extra_sources,
+                              compile_flags=tuple(compile_flags), link_flags=tuple(link_flags))
+        return source, str(library)
+
+    def compile(self, program: Program) -> CompiledArtifact:
+        from wrapgen.backends.cpp_loader import CppModel
+
+        source, library = self.build(program)
         model = CppModel(str(library))
         model.set_constants([program.constant_values().get(c.name) for c in program.constants])
         return CompiledArtifact(model, source, str(library))
@@ -348,26 +373,41 @@ class CppEmitter(Emitter):
 
     def emit_kernel_definition(self, line: KernelDefinition) -> None:
         device = kernel_device(line)
-        if line.language != "cpp" or device != "cpu":
-            raise self.refuse(line, f"no C++ launcher for {line.language} kernels on {device} yet")
+        if line.language not in device_overrides(device).cpp_kernel_languages():
+            raise self.refuse(line, f"no C++ launcher for {line.language} kernels on {device}")
+        self.devices_used.add(torch.device(device).type)
+        if line.language != "cpp":
+            self.gpu_kernels.append(line)
+            return
         self.kernels.append(line)
         calls = [c for c in self.program.lines if isinstance(c, KernelCall) and c.kernel == line.name]
         if calls:
             self.kernel_params[line.name] = ", ".join("void*" if isinstance(a, TensorRef) else "int64_t" for a in calls[0].args)
 
     def emit_kernel_call(self, line: KernelCall) -> None:
-        if not any(k.name == line.kernel for k in self.kernels):
+        definition = next((k for k in self.kernels + self.gpu_kernels if k.name == line.kernel), None)
+        if definition is None:
             raise self.refuse(line, f"kernel {line.kernel} is not defined")
+        device = torch.device(kernel_device(definition))
+        overrides = device_overrides(device)
+        if str(device) not in self.launch_prologues:
+            self.launch_prologues.add(str(device))
+            for text in overrides.cpp_launch_prologue(device.index):
+                self.writeline(text)
         self.use_shim("aoti_torch_get_data_ptr")
+        declared = dict(definition.metadata).get("arg_types", ())
         args = []
-        for a in line.args:
+        for i, a in enumerate(line.args):
             if isinstance(a, TensorRef):
-                args.append(f"t_{a.name}.data_ptr()")
+                args.append((f"t_{a.name}.data_ptr()", "ptr"))
             elif isinstance(a, (int, sympy.Basic)) and not isinstance(a, bool):
-                args.append(self.expr(line, a))
+                kind = declared[i] if i < len(declared) and declared[i] in ("int32", "int64") else "int64"
+                args.append((self.expr(line, a), kind))
             else:
                 raise self.refuse(line, f"kernel argument {a!r} is neither a tensor nor an integer")
-        self.writeline(f"{line.kernel}({', '.join(args)});")
+        grid = [self.expr(line, g) for g in line.grid]
+        for text in overrides.cpp_kernel_launch(definition, args, grid):
+            self.writeline(text)
 
     def emit_symbolic_call_arg(self, line: SymbolicCallArg) -> None:
         self.writeline(f"const int64_t {line.symbol} = {self.expr(line, line.expr)};")

@@ -14,6 +14,7 @@ import functools
 import hashlib
 import os
 import tempfile
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -77,10 +78,10 @@ def _includes() -> list[str]:
 
 
 @functools.cache
-def precompiled_header() -> Path | None:
-    """The runtime header, precompiled once per cache (halves each wrapper's compile time);
-    None if the compiler cannot make one."""
-    key = _digest(_PCH_SOURCE, _runtime_digest(), " ".join(WRAPPER_FLAGS), kernel_build.compiler_id(), torch.__version__)
+def precompiled_header(flags: tuple[str, ...] = ()) -> Path | None:
+    """The runtime header, precompiled once per cache and set of extra flags (halves each
+    wrapper's compile time); None if the compiler cannot make one."""
+    key = _digest(_PCH_SOURCE, _runtime_digest(), " ".join(WRAPPER_FLAGS + flags), kernel_build.compiler_id(), torch.__version__)
     folder = cache_root() / "cpp_pch" / key
     header = folder / "wg_pch.h"
     gch = folder / "wg_pch.h.gch"
@@ -92,7 +93,8 @@ def precompiled_header() -> Path | None:
     fd, tmp = tempfile.mkstemp(dir=folder, suffix=".gch")
     os.close(fd)
     try:
-        _run([kernel_build.CXX, *WRAPPER_FLAGS, *_includes(), "-x", "c++-header", str(header), "-o", tmp], "precompiling the runtime header")
+        _run([kernel_build.CXX, *WRAPPER_FLAGS, *flags, *_includes(), "-x", "c++-header", str(header), "-o", tmp],
+             "precompiling the runtime header")
     except ModelBuildError:
         os.remove(tmp)
         return None
@@ -100,45 +102,64 @@ def precompiled_header() -> Path | None:
     return header
 
 
-def build_model(source: str, kernel_sources: list[str]) -> Path:
-    """The shared library for an emitted wrapper and its kernels (built once, then cached)."""
+def _write_source(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".cpp")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    return path
+
+
+def build_model(
+    source: str,
+    kernel_sources: list[str],
+    *,
+    extra_sources: Sequence[str] = (),
+    compile_flags: tuple[str, ...] = (),
+    link_flags: tuple[str, ...] = (),
+) -> Path:
+    """The shared library for an emitted wrapper, its C++ kernels and `extra_sources` (more
+    translation units compiled like the wrapper, e.g. a GPU kernel table), built once, then
+    cached. `compile_flags`/`link_flags` come from the devices the program uses."""
     folder = cache_root() / "cpp_model"
     folder.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=max(1, min(len(kernel_sources), os.cpu_count() or 1))) as pool:
         objects = list(pool.map(kernel_build.compile_object, kernel_sources))
     key = _digest(
-        source, *(o.name for o in objects), " ".join(WRAPPER_FLAGS), kernel_build.compiler_id(), torch.__version__,
-        _runtime_digest(),
+        source, *extra_sources, *(o.name for o in objects), " ".join(WRAPPER_FLAGS + compile_flags + link_flags),
+        kernel_build.compiler_id(), torch.__version__, _runtime_digest(),
     )
     library = folder / f"model_{key}.so"
     if library.exists():
         return library
-    src = folder / f"model_{key}.cpp"
-    if not src.exists():
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".cpp")
-        with os.fdopen(fd, "w") as handle:
-            handle.write(source)
-        os.replace(tmp, src)
-    fd, obj = tempfile.mkstemp(dir=folder, suffix=".o")
-    os.close(fd)
+    sources = [_write_source(folder, f"model_{key}.cpp", source)]
+    sources += [_write_source(folder, f"model_{key}_part{i}.cpp", text) for i, text in enumerate(extra_sources, 1)]
     includes = _includes()
-    pch = precompiled_header()
+    pch = precompiled_header(tuple(compile_flags))
     if pch is not None:
         includes += ["-include", str(pch), "-Winvalid-pch"]
     cxx = kernel_build.CXX
+    built: list[str] = []
     try:
-        _run([cxx, *WRAPPER_FLAGS, *includes, "-c", str(src), "-o", obj], "compiling the C++ wrapper", src)
+        for src in sources:
+            fd, obj = tempfile.mkstemp(dir=folder, suffix=".o")
+            os.close(fd)
+            built.append(obj)
+            _run([cxx, *WRAPPER_FLAGS, *compile_flags, *includes, "-c", str(src), "-o", obj], "compiling the C++ wrapper", src)
         fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so")
         os.close(fd)
         libs = ["-lmvec"] if kernel_build.use_mvec() else []
         lib_dir = torch_library_dir()
         _run(
-            [cxx, "-shared", "-fopenmp", obj, *map(str, objects), "-o", tmp, f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}",
-             "-Wl,-z,now", "-ltorch_cpu", "-lc10", *libs, "-lm"],
+            [cxx, "-shared", "-fopenmp", *built, *map(str, objects), "-o", tmp, f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}",
+             "-Wl,-z,now", *link_flags, "-ltorch_cpu", "-lc10", *libs, "-lm"],
             "linking the C++ model",
         )
         os.replace(tmp, library)
     finally:
-        if os.path.exists(obj):
-            os.remove(obj)
+        for obj in built:
+            if os.path.exists(obj):
+                os.remove(obj)
     return library

@@ -129,7 +129,9 @@ class ExternWriter:
             return special
         numbers = [a.name for a, v in bound if _is_number_type(a.real_type) and v is not None]
         if not numbers:
-            return self._dispatcher(line, line.op, schema, bound)
+            # A generated shim calls the op's kernel unboxed; the dispatcher's boxed call with its
+            # per-call schema lookup costs several microseconds more (felt by small matrix products).
+            return self._generated_shim(line, schema, bound) or self._dispatcher(line, line.op, schema, bound)
         twin = self._tensor_twin(line.op, schema, set(numbers))
         if twin is not None:
             twin_op, twin_schema = twin

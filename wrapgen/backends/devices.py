@@ -32,6 +32,11 @@ class DeviceOverrides:
         """A Python expression that allocates an uninitialized strided tensor."""
         return f"_empty_strided({sizes}, {strides}, dtype={dtype}, device={device})"
 
+    def python_call_entry(self, index: int | None) -> list[str]:
+        """Statements at the very start of `call` (before its arguments are unpacked) for a
+        program whose tensors live on device `index` of this type."""
+        return []
+
     def kernel_languages(self) -> tuple[str, ...]:
         """Kernel languages this device can build and launch from Python."""
         return ()
@@ -62,6 +67,28 @@ class DeviceOverrides:
     def python_stream(self) -> str:
         """The expression for the stream a launch goes on."""
         return "None"
+
+    # -- C++ wrappers (the cpp target) --------------------------------------------------------
+    def cpp_kernel_languages(self) -> tuple[str, ...]:
+        """Kernel languages a C++ wrapper can launch on this device."""
+        return ()
+
+    def cpp_build_flags(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(compile flags, link flags) a C++ model that uses this device needs."""
+        return (), ()
+
+    def cpp_run_prologue(self, index: int | None) -> list[str]:
+        """Statements at the start of a C++ run of a program whose tensors live on this device."""
+        return []
+
+    def cpp_launch_prologue(self, index: int | None) -> list[str]:
+        """Statements before the first kernel launch of a run on this device (get a stream)."""
+        return []
+
+    def cpp_kernel_launch(self, kernel, args: list[tuple[str, str]], grid: list[str]) -> list[str]:
+        """C++ statements launching `kernel` (its KernelDefinition); `args` are (expression, type)
+        pairs, type "ptr" (a `void*`), "int32" or "int64"."""
+        raise NotImplementedError(f"no C++ kernel launcher for device type {self.device_type!r}")
 
 
 def triton_kernel_loader(kernels: list) -> list[str]:
@@ -100,6 +127,13 @@ class CpuOverrides(DeviceOverrides):
             lines += [f"{k.name} = _cpp_kernels.bind({k.name!r}, {signatures.get(k.name, '')!r})" for k in cpp]
         return lines
 
+    def cpp_kernel_languages(self) -> tuple[str, ...]:
+        return ("cpp",)
+
+    def cpp_kernel_launch(self, kernel, args: list[tuple[str, str]], grid: list[str]) -> list[str]:
+        # The kernel is a C function in the same library: a plain call.
+        return [f"{kernel.name}({', '.join(a for a, _ in args)});"]
+
     def python_kernel_launch(self, kernel, args: list[tuple[str, bool]], grid: list[str]) -> str:
         if kernel.language != "cpp":
             return super().python_kernel_launch(kernel, args, grid)
@@ -117,6 +151,19 @@ class CudaOverrides(DeviceOverrides):
     def python_device_guard(self, index: int | None) -> str | None:
         return f"torch.cuda.device({index or 0})"
 
+    def python_call_entry(self, index: int | None) -> list[str]:
+        # Allocations go to the current device: make the program's device current, checked
+        # with one cheap call, switching (and restoring on the way out) only when it is not.
+        return [
+            f"if current_cuda_device() != {index or 0}:",
+            f"    with torch.cuda.device({index or 0}):",
+            "        return call(args)",
+        ]
+
+    def python_allocate(self, sizes: str, strides: str, dtype: str, device: str) -> str:
+        # torch's C++ fast path (current device), as torch.compile's wrappers use.
+        return f"empty_strided_cuda({sizes}, {strides}, {dtype})"
+
     def kernel_languages(self) -> tuple[str, ...]:
         from wrapgen.kernels.triton import compat
 
@@ -132,8 +179,51 @@ class CudaOverrides(DeviceOverrides):
     def python_stream(self) -> str:
         return "_stream"
 
+    def cpp_kernel_languages(self) -> tuple[str, ...]:
+        return ("triton",)
+
+    def cpp_build_flags(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        # USE_CUDA declares the CUDA guard/stream shims; they live in libtorch_cuda.
+        return ("-DUSE_CUDA",), ("-ltorch_cuda", "-ldl")
+
+    def cpp_run_prologue(self, index: int | None) -> list[str]:
+        return [f"wrapgen::CudaDeviceGuard cuda_guard({index or 0});"]
+
+    def cpp_launch_prologue(self, index: int | None) -> list[str]:
+        return [f"void* cuda_stream_{index or 0} = wrapgen::current_cuda_stream({index or 0});"]
+
+    def cpp_kernel_launch(self, kernel, args: list[tuple[str, str]], grid: list[str]) -> list[str]:
+        # Triton's cubin through the driver API (wrapgen/cuda_kernels.h), on PyTorch's current
+        # stream read once per run. Maybe-unaligned pointers pick the variant built without
+        # the 16-byte alignment assumption when they are not aligned.
+        index = torch.device(kernel_device(kernel)).index or 0
+        unaligned = set(dict(kernel.metadata).get("unaligned", ()))
+        names = dict(kernel.metadata)["arg_names"]
+        lines = ["{"]
+        ctypes = {"ptr": "void*", "int32": "int32_t", "int64": "int64_t"}
+        for i, (expr, kind) in enumerate(args):
+            lines.append(f"  {ctypes[kind]} a{i} = static_cast<{ctypes[kind]}>({expr});")
+        g = (grid + ["1", "1", "1"])[:3]
+        params = ", ".join(f"&a{i}" for i in range(len(args)))
+        checks = [f"wrapgen::cuda::aligned16(a{i})" for i, n in enumerate(names) if n in unaligned]
+        chosen = f"wg_cuda_{kernel.name}"
+        if checks:
+            chosen = f"({' && '.join(checks)} ? wg_cuda_{kernel.name} : wg_cuda_{kernel.name}_unaligned)"
+        lines.append(f"  {chosen}.launch({index}, {g[0]}, {g[1]}, {g[2]}, cuda_stream_{index}, {{{params}}});")
+        lines.append("}")
+        return lines
+
     def synchronize(self) -> None:
         torch.cuda.synchronize()
+
+
+def kernel_device(kernel) -> str:
+    """The device a kernel (a KernelDefinition) runs on: its metadata's "device", else the
+    usual one for its language."""
+    for key, value in kernel.metadata:
+        if key == "device":
+            return str(value)
+    return "cuda" if kernel.language == "triton" else "cpu"
 
 
 _OVERRIDES: dict[str, DeviceOverrides] = {}

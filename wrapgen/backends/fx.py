@@ -24,10 +24,9 @@ import torch
 import torch.fx
 
 from wrapgen.backends import fx_runtime
-from wrapgen.backends.devices import device_overrides
+from wrapgen.backends.devices import device_overrides, kernel_device
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
 from wrapgen.backends.fx_exprs import ExpressionError, ExpressionNodes, Value, is_integer_expression
-from wrapgen.backends.python import kernel_device
 from wrapgen.backends.python_runtime import check_arg_count, resolve_op
 from wrapgen.errors import UnsupportedLineError
 from wrapgen.wrapper_ir.lines import (

@@ -11,7 +11,7 @@ import torch
 from torch.utils._sympy.printers import PythonPrinter
 
 from wrapgen.backends.cache import load_python_module, write_cached
-from wrapgen.backends.devices import device_overrides
+from wrapgen.backends.devices import DeviceOverrides, device_overrides, kernel_device
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
 from wrapgen.errors import UnsupportedLineError
 from wrapgen.wrapper_ir.lines import (
@@ -78,14 +78,6 @@ def py_value(value: Arg) -> str:
     raise TypeError(f"cannot express argument {value!r} of type {type(value).__name__} in Python")
 
 
-def kernel_device(kernel: KernelDefinition) -> str:
-    """The device a kernel runs on (its metadata's "device", else from its language)."""
-    for key, value in kernel.metadata:
-        if key == "device":
-            return str(value)
-    return "cuda" if kernel.language == "triton" else "cpu"
-
-
 def _evaluate_at_hints(shape: tuple, hints: dict) -> tuple[int, ...]:
     return tuple(int(sympy.sympify(e).xreplace(hints)) for e in shape)
 
@@ -134,6 +126,18 @@ class PythonEmitter(Emitter):
         self.pool_views: dict[tuple[str, torch.dtype], str] = {}
         self.types = program.value_types()
         names = ", ".join(program.input_names())
+        # A device type the program uses one device of gets its fast paths (its device made
+        # current on entry, then allocations on the current device); several devices of one
+        # type allocate naming the device.
+        by_type: dict[str, set[torch.device]] = {}
+        for t in self.types.values():
+            if isinstance(t, TensorType):
+                by_type.setdefault(t.device.type, set()).add(t.device)
+        self.single_device_types = {kind for kind, found in by_type.items() if len(found) == 1}
+        for kind in sorted(self.single_device_types):
+            (device,) = by_type[kind]
+            for text in device_overrides(device).python_call_entry(device.index):
+                self.writeline(text)
         self.writeline(f"if len(args) != {len(program.inputs)}:")
         with self.indent():
             self.writeline(f"check_arg_count(args, {len(program.inputs)})")
@@ -147,7 +151,8 @@ class PythonEmitter(Emitter):
             "import math  # size expressions can print as math.floor / math.ceil (PythonPrinter)",
             "import torch",
             "from wrapgen.backends.python_runtime import (",
-            "    INF, NAN, assert_finite, benchmark, check_arg_count, empty_strided_cpu, example_tensor,",
+            "    INF, NAN, assert_finite, benchmark, check_arg_count, current_cuda_device, empty_strided_cpu,",
+            "    empty_strided_cuda, example_tensor,",
             "    input_mismatch, op_callable, scalar_mismatch, symbol_out_of_range,",
             ")",
             "",
@@ -248,9 +253,9 @@ class PythonEmitter(Emitter):
     def emit_allocate(self, line: Allocate) -> None:
         t = line.type
         self.allocated.add(line.name)
-        allocation = device_overrides(t.device).python_allocate(
-            py_tuple(t.sizes), py_tuple(t.strides or ()), str(t.dtype), self.device_handle(t.device)
-        )
+        overrides = device_overrides(t.device)
+        allocate = type(overrides).python_allocate if t.device.type in self.single_device_types else DeviceOverrides.python_allocate
+        allocation = allocate(overrides, py_tuple(t.sizes), py_tuple(t.strides or ()), str(t.dtype), self.device_handle(t.device))
         self.writeline(f"{line.name} = {allocation}")
 
     def emit_reuse_buffer(self, line: ReuseBuffer) -> None:

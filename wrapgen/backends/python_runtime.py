@@ -25,8 +25,24 @@ def resolve_op(qualified: str) -> torch._ops.OpOverload:
     return getattr(packet, overload or "default")
 
 
+# Overloads whose torch.* Python binding takes exactly the overload's arguments (positions and
+# keyword names alike): the binding calls the op unboxed, about 1.7 us less per call than the
+# dispatcher's boxed entry, which adds up for programs of many small matrix products.
+_PYTHON_BINDINGS: dict[str, Callable] = {
+    "aten::mm.default": torch.mm,
+    "aten::mm.out": torch.mm,
+    "aten::bmm.default": torch.bmm,
+    "aten::bmm.out": torch.bmm,
+    "aten::addmm.default": torch.addmm,
+    "aten::addmm.out": torch.addmm,
+}
+
+
 def op_callable(qualified: str) -> Callable:
-    """The dispatcher entry of an operator, without OpOverload's Python-level `__call__` frame."""
+    """The fastest way to call an operator from generated code: its torch.* binding where that is
+    the same call, else the dispatcher entry without OpOverload's Python-level `__call__` frame."""
+    if qualified in _PYTHON_BINDINGS:
+        return _PYTHON_BINDINGS[qualified]
     op = resolve_op(qualified)
     return getattr(op, "_op", op)
 
@@ -37,6 +53,15 @@ def _python_empty_strided_cpu(sizes: tuple, strides: tuple, dtype: torch.dtype) 
 
 # torch's allocation fast path (what torch.compile's own wrappers use), where this torch has it.
 empty_strided_cpu = getattr(torch._C._dynamo.guards, "_empty_strided_cpu", _python_empty_strided_cpu)
+
+
+def _python_empty_strided_cuda(sizes: tuple, strides: tuple, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty_strided(sizes, strides, dtype=dtype, device="cuda")
+
+
+# On the current CUDA device (generated code makes the program's device current first).
+empty_strided_cuda = getattr(torch._C._dynamo.guards, "_empty_strided_cuda", _python_empty_strided_cuda)
+current_cuda_device = getattr(torch._C, "_cuda_getDevice", lambda: 0)
 
 
 def check_arg_count(args: Sequence, expected: int) -> None:

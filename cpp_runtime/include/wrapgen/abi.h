@@ -50,6 +50,8 @@ typedef int32_t (*WgRunFn)(
 // Counts, and the name of constant i (the order `constants` must follow).
 typedef int64_t (*WgCountFn)(void);
 typedef const char* (*WgConstantNameFn)(int64_t);
+// The device constant i must live on (models built since CUDA support; optional for loaders).
+typedef void (*WgConstantDeviceFn)(int64_t, int32_t* device_type, int32_t* device_index);
 // Tensor handles the model's own code holds right now (0 between calls: the leak check).
 typedef int64_t (*WgLiveHandlesFn)(void);
 

@@ -51,6 +51,7 @@ class ModelLibrary {
     auto num_constants_fn = symbol<WgCountFn>("wg_num_constants");
     auto name_fn = symbol<WgConstantNameFn>("wg_constant_name");
     for (int64_t i = 0; i < num_constants_fn(); ++i) constant_names.emplace_back(name_fn(i));
+    constant_device = reinterpret_cast<WgConstantDeviceFn>(dlsym(handle_, "wg_constant_device"));
   }
   ModelLibrary(const ModelLibrary&) = delete;
   ModelLibrary& operator=(const ModelLibrary&) = delete;
@@ -65,6 +66,7 @@ class ModelLibrary {
   int64_t num_inputs = 0;
   int64_t num_outputs = 0;
   std::vector<std::string> constant_names;
+  WgConstantDeviceFn constant_device = nullptr;  // null: a library from before devices were recorded
 
  private:
   template <typename Fn>
@@ -82,11 +84,18 @@ class ModelContainer {
   ModelContainer(const std::string& library_path, std::vector<NamedTensor> constants) : library_(library_path) {
     std::map<std::string, Tensor> by_name;
     for (auto& c : constants) by_name[c.name] = std::move(c.tensor);
-    for (const auto& name : library_.constant_names) {
+    for (size_t i = 0; i < library_.constant_names.size(); ++i) {
+      const auto& name = library_.constant_names[i];
       auto it = by_name.find(name);
       if (it == by_name.end()) throw Error(WG_RUNTIME_ERROR, "no value for constant " + name);
-      sets_[0].tensors.push_back(it->second.share());
-      sets_[1].tensors.push_back(clone(it->second));  // the second buffer: its own storage
+      Tensor value = it->second.share();
+      if (library_.constant_device != nullptr) {  // weights read from a file sit on the CPU
+        int32_t type = 0, index = 0;
+        library_.constant_device(static_cast<int64_t>(i), &type, &index);
+        if (!on_device(value, type, index)) value = clone(value, type, index);
+      }
+      sets_[1].tensors.push_back(clone(value));  // the second buffer: its own storage
+      sets_[0].tensors.push_back(std::move(value));
     }
     for (auto& set : sets_) {
       for (auto& t : set.tensors) set.handles.push_back(t.get());
@@ -162,7 +171,15 @@ class ModelContainer {
     }
   }
 
-  static Tensor clone(const Tensor& t) {
+  static bool on_device(const Tensor& t, int32_t type, int32_t index) {
+    int32_t actual_type = 0, actual_index = 0;
+    check(aoti_torch_get_device_type(t.get(), &actual_type), "aoti_torch_get_device_type");
+    check(aoti_torch_get_device_index(t.get(), &actual_index), "aoti_torch_get_device_index");
+    return actual_type == type && (index < 0 || actual_index == index);
+  }
+
+  // A copy of `t` with its own storage, on `t`'s device or on (device_type, device_index).
+  static Tensor clone(const Tensor& t, int32_t to_type = -1, int32_t to_index = -1) {
     const int64_t ndim = t.dim();
     std::vector<int64_t> sizes(static_cast<size_t>(ndim)), strides(static_cast<size_t>(ndim));
     for (int64_t d = 0; d < ndim; ++d) {
@@ -173,6 +190,10 @@ class ModelContainer {
     check(aoti_torch_get_dtype(t.get(), &dtype), "aoti_torch_get_dtype");
     check(aoti_torch_get_device_type(t.get(), &device_type), "aoti_torch_get_device_type");
     check(aoti_torch_get_device_index(t.get(), &device_index), "aoti_torch_get_device_index");
+    if (to_type >= 0) {
+      device_type = to_type;
+      device_index = to_index;
+    }
     AtenTensorHandle out = nullptr;
     check(aoti_torch_empty_strided(ndim, sizes.data(), strides.data(), dtype, device_type, device_index, &out), "aoti_torch_empty_strided");
     Tensor copy(out);

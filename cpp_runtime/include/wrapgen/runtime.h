@@ -27,6 +27,9 @@
 #endif
 
 #include <torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h>
+#ifdef USE_CUDA
+#include <torch/csrc/inductor/aoti_torch/generated/c_shim_cuda.h>
+#endif
 #if __has_include(<torch/csrc/inductor/aoti_torch/generated/c_shim_aten.h>)
 #include <torch/csrc/inductor/aoti_torch/generated/c_shim_aten.h>
 #endif
@@ -586,6 +589,29 @@ inline Tensor arange_cpu_int(int64_t start, int64_t end, int64_t step, int32_t d
   }
   return out;
 }
+
+#ifdef USE_CUDA
+// Makes a CUDA device current for the rest of a run (restored on the way out).
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int32_t index) { check(aoti_torch_create_cuda_guard(index, &guard_), "aoti_torch_create_cuda_guard"); }
+  ~CudaDeviceGuard() {
+    if (guard_ != nullptr) aoti_torch_delete_cuda_guard(guard_);
+  }
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  CUDAGuardHandle guard_ = nullptr;
+};
+
+// The stream PyTorch would use on `index` now: kernels go where the caller's ops go.
+inline void* current_cuda_stream(int32_t index) {
+  void* stream = nullptr;
+  check(aoti_torch_get_current_cuda_stream(index, &stream), "aoti_torch_get_current_cuda_stream");
+  return stream;
+}
+#endif  // USE_CUDA
 
 }  // namespace wrapgen
 

@@ -158,11 +158,17 @@ class TritonKernelCodegen(OpRenderer):
         top.update({v: s - 1 for v, s in zip(row_vars(len(self.rows)), self.rows)})
         top.update({v: s - 1 for v, s in zip(red_vars(len(self.reduced)), self.reduced)})
         try:
-            bound = sympy.sympify(e).xreplace(top)
+            bound = sympy.sympify(sympy.sympify(e).xreplace(top))
             if not bound.is_Integer or abs(int(bound)) > INT32_LIMIT:
                 self.index_bound_ok = False
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, ZeroDivisionError):  # e.g. a modulo by a size-1 dim's 0: use int64
             self.index_bound_ok = False
+
+    def _in_place_pairs(self) -> tuple[tuple[str, str], ...]:
+        """In-place pairs among the buffers this kernel really writes and reads (a stored member
+        can be folded away, e.g. a reduction over no dimension of a 0-dim tensor)."""
+        pairs = in_place_pairs(self.group, self.stored, self.dtypes)
+        return tuple((out, src) for out, src in pairs if out in self.written and src in self.read)
 
     # -- values --------------------------------------------------------------------------------
     def tmp(self) -> str:
@@ -495,7 +501,7 @@ class TritonKernelCodegen(OpRenderer):
             ("unaligned", tuple(self.params[t] for t in tensors if t not in self.aligned)),
         )
         return GeneratedKernel(self.name, source, tuple(tensors), tuple(symbols) + tuple(host), tuple(host),
-                               tuple(self.written), metadata, grid, in_place_pairs(self.group, self.stored, self.dtypes))
+                               tuple(self.written), metadata, grid, self._in_place_pairs())
 
 
 def _flatten_dims(e: sympy.Expr, variables: tuple, sizes: tuple, flat: sympy.Symbol) -> sympy.Expr:

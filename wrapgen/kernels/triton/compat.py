@@ -10,6 +10,10 @@ here. Written against Triton 3.6 (and checked there):
   `run(grid_x, grid_y, grid_z, stream, function, packed_metadata, launch_metadata,
   enter_hook, exit_hook, *kernel_args)` — the same call `JITFunction.run` makes after
   binding arguments, without the per-call binding and cache lookup;
+- the C++ target launches the compiled binary itself (`binary_of`): the cubin, the function
+  name, shared memory and warps from the compiled kernel's metadata, and the number of
+  trailing scratch-pointer parameters Triton adds to every kernel (3.6: global and profile
+  scratch; wrapgen's kernels need no scratch memory, so both are passed as null);
 - under `TRITON_INTERPRET=1` (CPU) there is no binary: launches go through
   `kernel[grid](*args)`, which runs the interpreter on CPU tensors.
 """
@@ -20,6 +24,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -108,6 +113,34 @@ def bind_launcher(compiled, jit_fn, constexprs: dict[str, int], device_index: in
         run(gx, gy, gz, stream, function, packed, None, None, None, *args, *tail)
 
     return launch
+
+
+@dataclass(frozen=True)
+class KernelBinary:
+    """A compiled GPU kernel as a C++ launcher needs it."""
+
+    function_name: str
+    image: bytes  # the cubin
+    shared_bytes: int
+    num_warps: int
+    scratch_params: int  # trailing pointer parameters after the kernel's own arguments
+
+
+def binary_of(compiled) -> KernelBinary:
+    """The launch facts of a kernel compiled by `compile_kernel` (not in the interpreter)."""
+    meta = compiled.metadata
+    image = compiled.asm.get("cubin")
+    if not isinstance(image, bytes):
+        raise RuntimeError(f"Triton produced no cubin for {meta.name} (backend {getattr(meta, 'backend_name', '?')})")
+    if getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "launch_cooperative_grid", False) or getattr(meta, "launch_pdl", False):
+        raise RuntimeError(f"{meta.name}: clusters, cooperative and PDL launches are not supported by the C++ launcher")
+    scratch = 0
+    for field in ("global_scratch_size", "profile_scratch_size"):
+        if hasattr(meta, field):
+            scratch += 1
+            if getattr(meta, field):
+                raise RuntimeError(f"{meta.name} needs {field}={getattr(meta, field)} bytes of scratch memory")
+    return KernelBinary(meta.name, image, int(meta.shared), int(meta.num_warps), scratch)
 
 
 def prepare_worker() -> None:

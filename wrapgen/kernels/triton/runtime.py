@@ -31,7 +31,6 @@ from wrapgen.kernels.triton import compat
 PARALLEL_MIN = 16
 PROGRESS_MIN = 8
 
-stats = {"compiled": 0, "cache_hits": 0}
 _lock = threading.Lock()
 
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
@@ -105,10 +104,8 @@ class TritonKernels:
 
     def _compile(self, spec: KernelSpec, assume_aligned: bool):
         with _lock:
-            compiled = compat.compile_kernel(self.functions[spec.name], spec.arg_kinds(assume_aligned), spec.constexprs,
-                                             spec.num_warps, spec.device_index)
-            stats["compiled"] += 1
-        return compiled
+            return compat.compile_kernel(self.functions[spec.name], spec.arg_kinds(assume_aligned), spec.constexprs,
+                                         spec.num_warps, spec.device_index)
 
     def _launcher(self, spec: KernelSpec) -> Callable[..., None]:
         fn = self.functions[spec.name]
@@ -130,22 +127,48 @@ class TritonKernels:
         return launch
 
     def _warm_in_workers(self) -> None:
-        """Compile new kernels in worker processes; the parent's compiles then hit Triton's cache."""
-        if compat.interpreting():
-            return
-        todo = [spec for spec in self.specs.values() if not _marker(spec).exists()]
-        if len(todo) < PARALLEL_MIN:
-            return
-        pool = compile_pool()
-        futures = [
-            pool.submit(compat.warm_cache_in_subprocess, str(source_path(s.source)), s.name, s.arg_kinds(True),
-                        s.constexprs, s.num_warps)
-            for s in todo
-        ]
-        for future in _progress(futures, "compiling Triton kernels (workers)"):
-            future.result()
-        for spec in todo:
-            _marker(spec).touch()
+        warm_in_workers(list(self.specs.values()))
+
+
+def kernel_binaries(kernels: list[tuple[str, str, tuple]]) -> dict[str, tuple[compat.KernelBinary, compat.KernelBinary | None]]:
+    """Each kernel's binary for a launcher outside Python (the C++ target): the variant compiled
+    for 16-byte-aligned pointers and, for a kernel with maybe-unaligned inputs, the variant
+    without that assumption (None otherwise)."""
+    if compat.interpreting():
+        raise RuntimeError("Triton's interpreter (TRITON_INTERPRET=1) builds no kernel binaries")
+    specs = [KernelSpec(name, source, metadata) for name, source, metadata in kernels]
+    warm_in_workers(specs)
+    binaries = {}
+    for spec in _progress(specs, "compiling Triton kernels"):
+        fn = jit_function(spec.source, spec.name)
+        variants = [True, False] if spec.maybe_unaligned_positions() else [True]
+        built = []
+        for assume_aligned in variants:
+            with _lock:
+                compiled = compat.compile_kernel(fn, spec.arg_kinds(assume_aligned), spec.constexprs, spec.num_warps,
+                                                 spec.device_index)
+            built.append(compat.binary_of(compiled))
+        binaries[spec.name] = (built[0], built[1] if len(built) > 1 else None)
+    return binaries
+
+
+def warm_in_workers(specs: list[KernelSpec]) -> None:
+    """Compile new kernels in worker processes; the compiles that follow then hit Triton's cache."""
+    if compat.interpreting():
+        return
+    todo = [spec for spec in specs if not _marker(spec).exists()]
+    if len(todo) < PARALLEL_MIN:
+        return
+    pool = compile_pool()
+    futures = [
+        pool.submit(compat.warm_cache_in_subprocess, str(source_path(s.source)), s.name, s.arg_kinds(True),
+                    s.constexprs, s.num_warps)
+        for s in todo
+    ]
+    for future in _progress(futures, "compiling Triton kernels (workers)"):
+        future.result()
+    for spec in todo:
+        _marker(spec).touch()
 
 
 _pool: ProcessPoolExecutor | None = None
