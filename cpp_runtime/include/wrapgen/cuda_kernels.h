@@ -149,17 +149,18 @@ class Kernel {
     for (void* a : args) params[n++] = a;
     for (uint32_t i = 0; i < scratch_params_; ++i) params[n++] = &scratch;
     const Driver& d = driver();
-    d.check(d.cuLaunchKernel(function, static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(gz),
-                             32 * num_warps_, 1, 1, shared_bytes_, static_cast<CUstream>(stream), params, nullptr),
-            launch_what().c_str());
+    const CUresult status = d.cuLaunchKernel(function, static_cast<unsigned>(gx), static_cast<unsigned>(gy),
+                                             static_cast<unsigned>(gz), 32 * num_warps_, 1, 1, shared_bytes_,
+                                             static_cast<CUstream>(stream), params, nullptr);
+    if (status != kSuccess) {  // the message is built only on failure: launches are the hot path
+      throw CudaError(std::string("launching kernel ") + name_ + " failed: " + d.error_text(status));
+    }
   }
 
   const char* name() const { return name_; }
 
  private:
   static constexpr size_t kMaxParams = 256;
-
-  std::string launch_what() const { return std::string("launching kernel ") + name_; }
 
   CUfunction function(int device) const {
     if (device < 0 || device >= kMaxDevices) throw CudaError("CUDA device index out of range: " + std::to_string(device));
@@ -184,8 +185,9 @@ class Kernel {
       d.check(d.cuDevicePrimaryCtxRetain(&context, dev), "cuDevicePrimaryCtxRetain");
       d.check(d.cuCtxSetCurrent(context), "cuCtxSetCurrent");
     }
-    CUmodule module = nullptr;
     const std::string what = std::string("loading kernel ") + name_;
+    if (image_size_ == 0) throw CudaError(what + ": the embedded binary is empty");
+    CUmodule module = nullptr;
     d.check(d.cuModuleLoadData(&module, image_), what.c_str());
     CUfunction f = nullptr;
     d.check(d.cuModuleGetFunction(&f, module, function_name_), what.c_str());
@@ -202,7 +204,6 @@ class Kernel {
       d.check(d.cuFuncGetAttribute(&static_shared, kFuncAttributeSharedSizeBytes, f), what.c_str());
       d.check(d.cuFuncSetAttribute(f, kFuncAttributeMaxDynamicSharedBytes, optin - static_shared), what.c_str());
     }
-    (void)image_size_;
     return f;
   }
 

@@ -93,7 +93,7 @@ class TritonKernels:
     def __init__(self, kernels: list[tuple[str, str, tuple]]) -> None:
         self.specs = {name: KernelSpec(name, source, metadata) for name, source, metadata in kernels}
         self.functions = {name: jit_function(spec.source, name) for name, spec in self.specs.items()}
-        self._warm_in_workers()
+        warm_in_workers(list(self.specs.values()))
         self.launchers: dict[str, Callable[..., None]] = {}
         names = list(self.specs)
         for name in _progress(names, "compiling Triton kernels"):
@@ -125,9 +125,6 @@ class TritonKernels:
             fast(gx, gy, gz, stream, *args)
 
         return launch
-
-    def _warm_in_workers(self) -> None:
-        warm_in_workers(list(self.specs.values()))
 
 
 def kernel_binaries(kernels: list[tuple[str, str, tuple]]) -> dict[str, tuple[compat.KernelBinary, compat.KernelBinary | None]]:
