@@ -7,6 +7,7 @@ run until it is deleted. `make conformance` (python -m tests.conformance.run) ru
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 import wrapgen
+from wrapgen.kernels.triton import compat
 from wrapgen.wrapper_ir import ExternKernel, Output, Program, TensorRef
 
 from . import fallbacks, run, schedule
@@ -40,7 +42,7 @@ from .harness import (
 )
 from .journal import load
 from .known_failures import ALL_MODES, KNOWN_FAILURES, known_failure, verdict
-from .subset import FAST_INPLACE, FAST_MODES, FAST_SUBSET, SAMPLES_PER_OP
+from .subset import FAST_INPLACE, FAST_MODES, FAST_SUBSET, SAMPLES_PER_OP, TRITON_SUBSET
 
 
 class KnownFailure(AssertionError):
@@ -56,20 +58,26 @@ def _cases() -> list:
     params = []
     for device in devices():
         for target in wrapgen.backends.registered_backends():
-            cases = [(key, mode) for key in FAST_SUBSET for mode in FAST_MODES]
-            cases += [(key, "inplace-static") for key in FAST_INPLACE]
-            for key, mode in cases:
+            cases = [(key, mode, "default") for key in FAST_SUBSET for mode in FAST_MODES]
+            cases += [(key, "inplace-static", "default") for key in FAST_INPLACE]
+            if device == "cpu" and target == "python" and compat.available() and compat.interpreting():
+                cases += [(key, mode, "triton") for key in TRITON_SUBSET for mode in FAST_MODES]
+            for key, mode, kernels in cases:
                 entry = known_failure(key, mode, target, device, [i for i, _ in _samples(key, device)])
                 marks = [pytest.mark.xfail(reason=entry.reason, raises=KnownFailure, strict=True)] if entry else []
-                params.append(pytest.param(device, target, key, mode, id=f"{device}-{target}-{mode}-{key}", marks=marks))
+                name = f"{device}-{target}{'-triton' if kernels == 'triton' else ''}-{mode}-{key}"
+                params.append(pytest.param(device, target, key, mode, kernels, id=name, marks=marks))
     return params
 
 
-@pytest.mark.parametrize(("device", "target", "key", "mode"), _cases())
-def test_op(device: str, target: str, key: str, mode: str) -> None:
+@pytest.mark.parametrize(("device", "target", "key", "mode", "kernels"), _cases())
+def test_op(device: str, target: str, key: str, mode: str, kernels: str) -> None:
+    """One op's samples in one mode; `kernels="triton"`: CPU kernels in Triton (interpreted)."""
     samples = _samples(key, device)
     assert samples, f"{key} has no samples on {device}"
-    outcomes = [(i, run_sample(key, s, MODE_BY_NAME[mode], [target], device)[target]) for i, s in samples]
+    patch = wrapgen.config.patch(cpu_kernels="triton") if kernels == "triton" else contextlib.nullcontext()
+    with patch:
+        outcomes = [(i, run_sample(key, s, MODE_BY_NAME[mode], [target], device)[target]) for i, s in samples]
     failures = [(i, o) for i, o in outcomes if o.cls in FAILING]
     if not failures:
         return
@@ -85,7 +93,7 @@ def test_op(device: str, target: str, key: str, mode: str) -> None:
 
 def test_subset_names_existing_ops() -> None:
     ops = op_database()
-    assert not [k for k in FAST_SUBSET + FAST_INPLACE if k not in ops]
+    assert not [k for k in FAST_SUBSET + FAST_INPLACE + TRITON_SUBSET if k not in ops]
     assert len(set(FAST_SUBSET)) == len(FAST_SUBSET)
     assert all(ops[k].inplace_variant is not None for k in FAST_INPLACE)
 

@@ -31,7 +31,7 @@ from wrapgen.kernels.cpp.codegen import GeneratedKernel
 from wrapgen.kernels.segments import in_place_pairs, segments
 from wrapgen.kernels.triton.ops import ARG_REDUCTIONS, TL, OpRenderer, literal
 from wrapgen.kernels.triton.printer import triton_index
-from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, Load, loads, red_vars, row_vars, walk
+from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, Load, loads, red_vars, row_vars
 from wrapgen.lowering.scheduler import FusionGroup, Member
 
 PERSISTENT_LIMIT = 8192
@@ -86,7 +86,7 @@ def choose_config(xnumel: sympy.Expr, rnumel: sympy.Expr | None, hint: dict) -> 
         warps = max(1, min(16, xblock * rblock // 256))
         return LaunchConfig(xblock, rblock, warps, True)
     rblock = min(2048, _next_pow2(max(r, 1)))
-    xblock = 1 if r >= 256 else max(1, min(64, 2048 // rblock))
+    xblock = 1 if r >= 256 else max(1, min(64, 2048 // rblock, _next_pow2(max(x, 1))))
     return LaunchConfig(xblock, rblock, max(1, min(8, xblock * rblock // 256)), False)
 
 
@@ -118,6 +118,7 @@ class TritonKernelCodegen(OpRenderer):
         self.used_vars: set[str] = set()
         self.index_bound_ok = True
         self.hints = hints or {}
+        self.var_axes: dict[str, frozenset[str]] = {}  # temporaries: the loop axes their block spans
 
     # -- sizes and indices -------------------------------------------------------------------
     def size(self, expr: object) -> str:
@@ -187,48 +188,63 @@ class TritonKernelCodegen(OpRenderer):
         names = {str(s) for s in sympy.sympify(expr).free_symbols}
         return any(n == "rindex" or (n[:1] == "r" and n[1:].isdigit()) for n in names)
 
+    def axes(self, expr: object) -> frozenset[str]:
+        """The loop axes ("x", "r") an index varies along once size-1 dims are folded away:
+        the shape of the block it gives (a load from a fixed element is a scalar)."""
+        flat = self._flatten(sympy.expand(sympy.sympify(expr)))
+        return frozenset("r" if str(s).startswith("r") else "x" for s in flat.free_symbols if _is_loop(s))
+
+    def level_axes(self, level: str) -> frozenset[str]:
+        return frozenset("xr") if self.reduction and level == "inner" else frozenset("x")
+
     def mask(self, expr: object) -> str | None:
+        """The mask of a load: a lane reads out of bounds only along an axis the index varies on."""
+        axes = self.axes(expr)
         parts = []
-        if self.needs_xmask:
+        if self.needs_xmask and "x" in axes:
             parts.append("xmask")
-        if self.reduction and self.needs_rmask and self._depends_on_r(expr):
+        if self.reduction and self.needs_rmask and "r" in axes:
             parts.append("rmask")
         return " & ".join(parts) or None
 
     def value(self, body: Body, memo: dict, local: dict[str, str], w: _Writer, recompute: dict[str, Member]) -> str:
         if body in memo:
             return memo[body]
+        axes: frozenset[str] = frozenset()
         if isinstance(body, Const):
-            return f"tl.full([], {literal(body.value, body.dtype)}, {TL[body.dtype]})"
-        if isinstance(body, IndexValue):
+            text = f"tl.full([], {literal(body.value, body.dtype)}, {TL[body.dtype]})"
+        elif isinstance(body, IndexValue):
             index = self.index(body.expr)
-            text = f"({index}).to({TL[body.dtype]})" if _has_loop_var(body.expr) else f"tl.full([], {index}, {TL[body.dtype]})"
+            axes = self.axes(body.expr)
+            text = f"({index}).to({TL[body.dtype]})" if axes else f"tl.full([], {index}, {TL[body.dtype]})"
         elif isinstance(body, Load):
             if body.buffer in local:
                 return local[body.buffer]
             if body.buffer in recompute:  # an inner value of an earlier pass (looped reductions)
                 return self.value(recompute[body.buffer].node.body, memo, local, w, recompute)
             ptr = self.param(body.buffer, False)
-            flat = self._flatten(sympy.expand(sympy.sympify(body.index)))
-            mask = self.mask(flat) if _has_loop_var(flat) else None  # a scalar load is always in bounds
+            axes = self.axes(body.index)
+            mask = self.mask(body.index)
             text = f"tl.load({ptr} + ({self.index(body.index)}){', ' + mask if mask else ''})"
             if body.dtype == torch.bool:
                 text += ".to(tl.int1)"
         else:
             assert isinstance(body, Apply)
             args = [self.value(a, memo, local, w, recompute) for a in body.args]
+            axes = frozenset().union(*(self.var_axes.get(a, frozenset()) for a in args))
             text = self.render(body.op, args, [a.dtype for a in body.args], body.dtype)
         name = self.tmp()
         w.line(f"{name} = {text}")
         memo[body] = name
+        self.var_axes[name] = axes
         return name
 
-    def _block(self, var: str, body: Body, level: str) -> str:
-        """`var` as a full block of the level's shape (a constant or scalar becomes one)."""
-        if _is_block(body):
+    def _block(self, var: str, dtype: torch.dtype, level: str) -> str:
+        """`var` as a full block of the level's shape (a scalar, or a block along fewer axes,
+        is broadcast: reductions and stores need the whole shape)."""
+        if self.var_axes.get(var, frozenset()) >= self.level_axes(level):
             return var
-        shape = self._shape(level)
-        return f"({var} + tl.zeros({shape}, {TL[body.dtype]}))"
+        return f"({var} + tl.zeros({self._shape(level)}, {TL[dtype]}))"
 
     def _shape(self, level: str) -> str:
         if not self.reduction:
@@ -240,23 +256,28 @@ class TritonKernelCodegen(OpRenderer):
             return
         ptr = self.param(member.node.name, True)
         index = self._flatten(sympy.expand(sympy.sympify(member.node.store_index)))
-        mask = self.mask(index)
-        value = self._block(var, member.node.body, member.level) if member.level != "reduction" else var
+        level = "row" if member.level == "reduction" else member.level
+        value = self._block(var, member.node.body.dtype, level)
         offset = self.index(member.node.store_index)
-        if not _has_loop_var(index):  # one element (a 0-dim result): a block of equal offsets
-            offset = f"tl.full({self._shape(member.level)}, {offset}, {'tl.int64' if not self.index_bound_ok else 'tl.int32'})"
+        if not self.axes(index) >= self.level_axes(level):
+            # fewer axes than the block (a 0-dim result, or rows folded to one): every lane
+            # gets an offset and only in-bounds lanes (the full mask) store
+            offset = f"({offset}) + tl.zeros({self._shape(level)}, {'tl.int64' if not self.index_bound_ok else 'tl.int32'})"
+        parts = (["xmask"] if self.needs_xmask else []) + (["rmask"] if level == "inner" and self.needs_rmask else [])
+        mask = " & ".join(parts) or None
         w.line(f"tl.store({ptr} + ({offset}), {value}{', ' + mask if mask else ''})")
 
     # -- emission ------------------------------------------------------------------------------
     @property
     def needs_xmask(self) -> bool:
-        return not (self.xnumel.is_Integer and int(self.xnumel) % self.config.xblock == 0)
+        return not (self.xnumel.is_Integer and int(self.xnumel) > 0 and int(self.xnumel) % self.config.xblock == 0)
 
     @property
     def needs_rmask(self) -> bool:
         if not self.reduction:
             return False
-        return not (self.rnumel.is_Integer and int(self.rnumel) % self.config.rblock == 0)
+        # an empty reduction (sum of no elements) still runs one masked-off block
+        return not (self.rnumel.is_Integer and int(self.rnumel) > 0 and int(self.rnumel) % self.config.rblock == 0)
 
     def generate(self) -> GeneratedKernel:
         body = _Writer()
@@ -264,10 +285,12 @@ class TritonKernelCodegen(OpRenderer):
         local: dict[str, str] = {}
         if not self.reduction:
             for _, ms in self.items:
-                m = ms[0]
-                var = self.value(m.node.body, memo, local, body, {})
-                local[m.node.name] = var
-                self.store(m, var, body)
+                for m in ms:
+                    var = self.value(m.node.body, memo, local, body, {})
+                    if m.level == "reduction":
+                        var = self._reduce_nothing(m, var, body)
+                    local[m.node.name] = var
+                    self.store(m, var, body)
         else:
             for kind, ms in self.items:
                 if kind == "row":
@@ -281,10 +304,26 @@ class TritonKernelCodegen(OpRenderer):
                     self.looped_segment(ms, memo, local, body)
         return self._finish(body)
 
+    def _reduce_nothing(self, m: Member, var: str, w: _Writer) -> str:
+        """A reduction over no dimensions (e.g. of a 0-dim tensor): each element is its own result."""
+        kind = m.node.reduction
+        if kind in ARG_REDUCTIONS:
+            text = f"tl.zeros_like({var}).to(tl.int64)"
+        elif kind in ("any", "all"):
+            text = f"({var} != 0)"
+        elif m.node.body.dtype != m.node.dtype:
+            text = f"{var}.to({TL[m.node.dtype]})"
+        else:
+            return var
+        name = self.tmp()
+        w.line(f"{name} = {text}")
+        self.var_axes[name] = self.var_axes.get(var, frozenset())
+        return name
+
     def _reduce_input(self, m: Member, var: str, level_mask: bool) -> str:
         """The value to accumulate, in the accumulator type, with masked lanes at the identity."""
         acc_t = self._acc_dtype(m)
-        v = self._block(var, m.node.body, "inner")
+        v = self._block(var, m.node.body.dtype, "inner")
         if m.node.reduction in ("any", "all"):
             v = f"({v} != 0).to(tl.int8)"
         elif m.node.body.dtype != acc_t:
@@ -371,10 +410,12 @@ class TritonKernelCodegen(OpRenderer):
             if m.node.reduction in ARG_REDUCTIONS:
                 indices = "tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64)"
                 w.line(f"{result} = {self._arg_reduce(m, self._reduce_input(m, var, True), indices)}")
+                self.var_axes[result] = frozenset("x")
                 local[m.node.name] = result
                 self.store(m, result, w)
                 continue
             w.line(f"{result} = {self._finalize(m, self._combine_across(m, self._reduce_input(m, var, True)))}")
+            self.var_axes[result] = frozenset("x")
             local[m.node.name] = result
             self.store(m, result, w)
 
@@ -430,6 +471,7 @@ class TritonKernelCodegen(OpRenderer):
                 w.line(f"{result} = {self._arg_reduce(m, accs[m.node.name], best_index[m.node.name])}")
             else:
                 w.line(f"{result} = {self._finalize(m, self._combine_across(m, accs[m.node.name]))}")
+            self.var_axes[result] = frozenset("x")
             local[m.node.name] = result
             self.store(m, result, w)
 
@@ -543,20 +585,6 @@ def _flatten_dims(e: sympy.Expr, variables: tuple, sizes: tuple, flat: sympy.Sym
     flat_part = flat if whole else sympy.Mod(flat, suffix_size, evaluate=False)
     kept = sum((coeffs[d] * variables[d] for d in dims[:start] if d in coeffs), sympy.Integer(0))
     return scale * flat_part + kept + rest
-
-
-def _has_loop_var(expr: object) -> bool:
-    return any(_is_loop(s) for s in sympy.sympify(expr).free_symbols)
-
-
-def _is_block(body: Body) -> bool:
-    """Whether `body` varies over the loop (else it is a scalar and needs broadcasting to store)."""
-    for node in walk(body):
-        if isinstance(node, Load) and _has_loop_var(node.index):
-            return True
-        if isinstance(node, IndexValue) and _has_loop_var(node.expr):
-            return True
-    return False
 
 
 def generate_triton(group: FusionGroup, name: str, needed: set[str], dtypes: dict[str, torch.dtype],
