@@ -70,9 +70,28 @@ def test_golden_ir_of_a_fused_program() -> None:
 
 def test_library_calls_stay_and_pointwise_around_them_fuses() -> None:
     w = torch.randn(8, 16)
-    compiled = check(lambda x: torch.tanh(x @ w) * 2 + 1, torch.randn(4, 8), rtol=1e-4, atol=1e-5)
+    with wrapgen.config.patch(matmul_kernel_limit=0):
+        compiled = check(lambda x: torch.tanh(x @ w) * 2 + 1, torch.randn(4, 8), rtol=1e-4, atol=1e-5)
     assert externs(compiled.program) == ["aten::mm.out"]
     assert len(kernel_calls(compiled.program)) == 1
+
+
+def test_small_matmul_is_a_reduction_fused_with_its_epilogue() -> None:
+    """A tiny static matmul (and addmm) is a generated reduction over k with the pointwise work
+    after it in the same kernel; a long reduced dim, a large or a dynamic one stays a library call."""
+    w, b = torch.randn(8, 16), torch.randn(16)
+    compiled = check(lambda x: torch.tanh(x @ w) * 2 + 1, torch.randn(4, 8), rtol=1e-4, atol=1e-5)
+    assert externs(compiled.program) == [] and len(kernel_calls(compiled.program)) == 1
+    compiled = check(lambda x: torch.relu(torch.addmm(b, x.t(), w)), torch.randn(8, 5), rtol=1e-4, atol=1e-5)
+    assert externs(compiled.program) == [] and len(kernel_calls(compiled.program)) == 1
+    # an operand computed by pointwise work is computed once, not once per read
+    compiled = check(lambda x: torch.exp(x) @ w, torch.randn(4, 8), rtol=1e-4, atol=1e-5)
+    assert len(kernel_calls(compiled.program)) == 2
+    long_k = torch.randn(65, 4)
+    assert externs(check(lambda x: x @ long_k, torch.randn(2, 65), rtol=1e-4, atol=1e-5).program) == ["aten::mm.out"]
+    big = torch.randn(64, 64)
+    assert externs(check(lambda x: x @ big, torch.randn(64, 64), rtol=1e-4, atol=1e-4).program) == ["aten::mm.out"]
+    assert externs(check(lambda x: x @ w, torch.randn(4, 8), dynamic=True, rtol=1e-4, atol=1e-5).program) == ["aten::mm.out"]
 
 
 def test_kernels_off_gives_library_calls_only() -> None:

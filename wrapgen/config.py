@@ -64,6 +64,14 @@ OPTIONS: dict[str, Option] = {
             choices=("cpp", "triton"),
         ),
         Option(
+            "matmul_kernel_limit",
+            int,
+            32768,
+            "WRAPGEN_MATMUL_KERNEL_LIMIT",
+            "matrix products (mm, addmm) of static sizes with at most this many multiply-adds and a reduced "
+            "length of at most 64 become generated kernels fused with the work around them; 0: always library calls",
+        ),
+        Option(
             "memory_planning",
             str,
             "reuse",
@@ -80,6 +88,7 @@ check_finite: bool = OPTIONS["check_finite"].parse_env()
 cache_dir: str | None = OPTIONS["cache_dir"].parse_env()
 kernels: bool = OPTIONS["kernels"].parse_env()
 cpu_kernels: str = OPTIONS["cpu_kernels"].parse_env()
+matmul_kernel_limit: int = OPTIONS["matmul_kernel_limit"].parse_env()
 memory_planning: str = OPTIONS["memory_planning"].parse_env()
 
 _module = sys.modules[__name__]

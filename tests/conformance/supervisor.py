@@ -183,10 +183,16 @@ def supervise(
         if task is not None:  # it died inside a task
             why = f"hung: no progress for {hang_after:g} s" if worker.hung else _died(returncode)
             flight = worker.in_flight
-            if flight is not None and flight["target"] is None:  # eager itself died on the sample
+            if flight is not None and flight["target"] is None:
+                # Eager killed by a signal (a crash inside torch) cannot be compared: skipped.
+                # A worker that exits or hangs while eager runs is the harness's own failure.
+                eager_crashed = returncode is not None and returncode < 0 and not worker.hung
                 for target in targets:
                     if (task["device"], target, task["op"], flight["mode"], flight["index"]) not in results:
-                        record(task, flight["mode"], flight["index"], target, "skipped", f"eager: {why}")
+                        if eager_crashed:
+                            record(task, flight["mode"], flight["index"], target, "skipped", f"eager: {why}")
+                        else:
+                            record(task, flight["mode"], flight["index"], target, "crash", f"harness, running eager: {why}")
             elif flight is not None:
                 record(task, flight["mode"], flight["index"], flight["target"], "crash", why)
             deaths[task["op"]] += 1

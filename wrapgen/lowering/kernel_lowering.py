@@ -19,7 +19,19 @@ import torch
 import torch.fx
 
 from wrapgen.lowering.graph_lowering import Buffer, GraphLowering, _mutated_argument_indices
-from wrapgen.lowering.loop_ir import ComputeNode, Const, IndexValue, Load, LoopValue, loads, red_vars, row_vars, size
+from wrapgen.lowering.loop_ir import (
+    Apply,
+    ComputeNode,
+    Const,
+    IndexValue,
+    Load,
+    LoopValue,
+    loads,
+    red_vars,
+    row_vars,
+    size,
+    walk,
+)
 from wrapgen.lowering.loop_ops import LOWERINGS, VIEW_OPS, op_key, supported
 from wrapgen.lowering.scheduler import FusionGroup, schedule
 from wrapgen.wrapper_ir.lines import (
@@ -142,6 +154,16 @@ class KernelGraphLowering(GraphLowering):
             dtype = torch.bool if isinstance(lowered, bool) else torch.int64 if isinstance(lowered, int) else torch.float64
             return LoopValue((), Const(lowered, dtype), dtype)
         raise TypeError(f"cannot read {arg!r} in a loop body")
+
+    def computed_once(self, arg: torch.fx.Node) -> LoopValue:
+        """`arg`'s value, from memory if it computes anything: for consumers that read each
+        element many times (a matrix product), where inlining would repeat the work per read."""
+        value = self.value(arg)
+        if isinstance(self.values[arg], LoopValue) and any(isinstance(n, Apply) for n in walk(value.body)):
+            buffer = self.realize(value, arg.meta["val"], op_key(arg) or "getitem")
+            self.values[arg] = buffer
+            return self.load(buffer)
+        return value
 
     def load(self, buffer: Buffer) -> LoopValue:
         sizes = buffer.type.sizes
