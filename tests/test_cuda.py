@@ -153,3 +153,23 @@ def test_cpp_threads_share_a_model_on_cuda() -> None:
     for t in threads:
         t.join()
     assert not errors, errors[0]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_cpp_target_rejects_wrong_inputs_on_cuda(dynamic: bool) -> None:
+    """Wrong strides, shapes, dtypes and devices raise from the C++ wrapper (they once crashed
+    the process: the error message was built with iostreams)."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).cuda().eval()
+    compiled = wrapgen.compile(model, (torch.randn(8, 16, device="cuda"),), target="cpp", dynamic=dynamic)
+    wrong = {
+        "expected strides": torch.randn(16, 8, device="cuda").t(),
+        "expected shape": torch.randn(8, 17, device="cuda"),
+        "expected dtype": torch.randn(8, 16, device="cuda", dtype=torch.float64),
+        "expected device": torch.randn(8, 16),
+    }
+    for message, x in wrong.items():
+        with pytest.raises(ValueError, match=message):
+            compiled(x)
+    x = torch.randn(8, 16, device="cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))

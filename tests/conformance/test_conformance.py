@@ -7,7 +7,6 @@ run until it is deleted. `make conformance` (python -m tests.conformance.run) ru
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -42,7 +41,15 @@ from .harness import (
 )
 from .journal import load
 from .known_failures import ALL_MODES, KNOWN_FAILURES, known_failure, verdict
-from .subset import FAST_INPLACE, FAST_MODES, FAST_SUBSET, SAMPLES_PER_OP, TRITON_SUBSET
+from .subset import (
+    FAST_INPLACE,
+    FAST_MODES,
+    FAST_SUBSET,
+    PLANNING_MODES,
+    PLANNING_SUBSET,
+    SAMPLES_PER_OP,
+    TRITON_SUBSET,
+)
 
 
 class KnownFailure(AssertionError):
@@ -58,25 +65,27 @@ def _cases() -> list:
     params = []
     for device in devices():
         for target in wrapgen.backends.registered_backends():
-            cases = [(key, mode, "default") for key in FAST_SUBSET for mode in FAST_MODES]
-            cases += [(key, "inplace-static", "default") for key in FAST_INPLACE]
+            cases = [(key, mode, {}) for key in FAST_SUBSET for mode in FAST_MODES]
+            cases += [(key, "inplace-static", {}) for key in FAST_INPLACE]
             if device == "cpu" and target == "python" and compat.available() and compat.interpreting():
-                cases += [(key, mode, "triton") for key in TRITON_SUBSET for mode in FAST_MODES]
-            for key, mode, kernels in cases:
+                cases += [(key, mode, {"cpu_kernels": "triton"}) for key in TRITON_SUBSET for mode in FAST_MODES]
+            cases += [(key, mode, {"memory_planning": planning})
+                      for planning in PLANNING_MODES for key in PLANNING_SUBSET for mode in FAST_MODES]
+            for key, mode, options in cases:
                 entry = known_failure(key, mode, target, device, [i for i, _ in _samples(key, device)])
                 marks = [pytest.mark.xfail(reason=entry.reason, raises=KnownFailure, strict=True)] if entry else []
-                name = f"{device}-{target}{'-triton' if kernels == 'triton' else ''}-{mode}-{key}"
-                params.append(pytest.param(device, target, key, mode, kernels, id=name, marks=marks))
+                name = "-".join([device, target, *(str(v) for v in options.values()), mode, key])
+                params.append(pytest.param(device, target, key, mode, options, id=name, marks=marks))
     return params
 
 
-@pytest.mark.parametrize(("device", "target", "key", "mode", "kernels"), _cases())
-def test_op(device: str, target: str, key: str, mode: str, kernels: str) -> None:
-    """One op's samples in one mode; `kernels="triton"`: CPU kernels in Triton (interpreted)."""
+@pytest.mark.parametrize(("device", "target", "key", "mode", "options"), _cases())
+def test_op(device: str, target: str, key: str, mode: str, options: dict) -> None:
+    """One op's samples in one mode, with config `options` (Triton CPU kernels, interpreted;
+    another memory-planning mode) or the defaults."""
     samples = _samples(key, device)
     assert samples, f"{key} has no samples on {device}"
-    patch = wrapgen.config.patch(cpu_kernels="triton") if kernels == "triton" else contextlib.nullcontext()
-    with patch:
+    with wrapgen.config.patch(**options):
         outcomes = [(i, run_sample(key, s, MODE_BY_NAME[mode], [target], device)[target]) for i, s in samples]
     failures = [(i, o) for i, o in outcomes if o.cls in FAILING]
     if not failures:
@@ -93,7 +102,7 @@ def test_op(device: str, target: str, key: str, mode: str, kernels: str) -> None
 
 def test_subset_names_existing_ops() -> None:
     ops = op_database()
-    assert not [k for k in FAST_SUBSET + FAST_INPLACE + TRITON_SUBSET if k not in ops]
+    assert not [k for k in FAST_SUBSET + FAST_INPLACE + TRITON_SUBSET + PLANNING_SUBSET if k not in ops]
     assert len(set(FAST_SUBSET)) == len(FAST_SUBSET)
     assert all(ops[k].inplace_variant is not None for k in FAST_INPLACE)
 

@@ -358,6 +358,9 @@ class CppEmitter(Emitter):
         except (CannotExpress, UnprintableExpr) as e:
             raise self.refuse(line, str(e)) from None
         self.use_shim(*code.shims)
+        result = self.types.get(line.name) if line.name is not None else None
+        if isinstance(result, TensorType):  # a factory op can place a result on a device no input is on
+            self.devices_used.add(result.device.type)
         if line.name is not None:
             kind = "wrapgen::Tensor" if self._is_tensor_name(line.name) else "wrapgen::Value"
             self.writeline(f"{kind} t_{line.name};")

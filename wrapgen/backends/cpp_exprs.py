@@ -11,6 +11,7 @@ import math
 
 import sympy
 import torch
+from torch.utils._sympy import functions as SymF
 from torch.utils._sympy.functions import CeilDiv, FloorDiv, ModularIndexing, PythonMod
 from torch.utils._sympy.functions import Mod as TorchMod
 
@@ -24,7 +25,11 @@ _DTYPES = {
     torch.int32: "int32",
     torch.int64: "int64",
     torch.uint8: "uint8",
+    torch.uint16: "uint16",
+    torch.uint32: "uint32",
+    torch.uint64: "uint64",
     torch.bool: "bool",
+    torch.complex32: "complex32",
     torch.complex64: "complex64",
     torch.complex128: "complex128",
 }
@@ -41,8 +46,11 @@ class UnprintableExpr(ValueError):
     """A size expression uses a function the C++ printer does not know."""
 
 
-def dtype_code(dtype: torch.dtype) -> str:
-    """A C++ expression giving the shim's code for `dtype`."""
+def dtype_code(dtype: torch.dtype | int) -> str:
+    """A C++ expression giving the shim's code for `dtype` (an int is a schema default, already
+    the c10 code, which the shim's codes equal)."""
+    if isinstance(dtype, int) and not isinstance(dtype, bool):
+        return str(dtype)
     try:
         return f"aoti_torch_dtype_{_DTYPES[dtype]}()"
     except KeyError:
@@ -62,14 +70,18 @@ def device_index(device: torch.device) -> int:
     return 0 if device.index is None else device.index
 
 
-def layout_code(layout: torch.layout) -> str:
+def layout_code(layout: torch.layout | int) -> str:
+    if isinstance(layout, int) and not isinstance(layout, bool):
+        return str(layout)  # a schema default: the c10 code
     try:
         return f"aoti_torch_layout_{_LAYOUTS[layout]}()"
     except KeyError:
         raise UnprintableExpr(f"layout {layout} has no code in the C shim") from None
 
 
-def memory_format_code(fmt: torch.memory_format) -> str:
+def memory_format_code(fmt: torch.memory_format | int) -> str:
+    if isinstance(fmt, int) and not isinstance(fmt, bool):
+        return str(fmt)  # a schema default: the c10 code
     try:
         return f"aoti_torch_memory_format_{_MEMORY_FORMATS[fmt]}()"
     except KeyError:
@@ -147,6 +159,35 @@ def cpp_expr(expr: object) -> str:
                 text = f"{fn}<int64_t>({text}, {go(a)})"
             return text
         raise UnprintableExpr(f"cannot print size expression {e} ({name}) as C++")
+
+    return go(e)
+
+
+_FLOAT_LEAVES = (SymF.ToFloat, SymF.FloatTrueDiv, SymF.IntTrueDiv, SymF.FloatPow, SymF.TruncToFloat)
+
+
+def cpp_double_expr(expr: object) -> str:
+    """double C++ for a size expression that may involve floats (`ToFloat(s0) / 2.0`: the
+    scale factors of a dynamic interpolate, a tolerance scaled by a size)."""
+    e = sympy.sympify(expr)
+
+    def go(e: sympy.Basic) -> str:
+        if e.is_integer and not e.atoms(*_FLOAT_LEAVES):
+            return f"static_cast<double>({cpp_expr(e)})"
+        if isinstance(e, sympy.Number):
+            return cpp_float(float(e))
+        if isinstance(e, (SymF.ToFloat, SymF.TruncToFloat)):
+            inner = go(e.args[0])
+            return inner if isinstance(e, SymF.ToFloat) else f"std::trunc({inner})"
+        if isinstance(e, (SymF.FloatTrueDiv, SymF.IntTrueDiv)):
+            return f"({go(e.args[0])} / {go(e.args[1])})"
+        if isinstance(e, SymF.FloatPow) or (isinstance(e, sympy.Pow)):
+            return f"std::pow({go(e.args[0])}, {go(e.args[1])})"
+        if isinstance(e, sympy.Add):
+            return "(" + " + ".join(go(t) for t in e.args) + ")"
+        if isinstance(e, sympy.Mul):
+            return "(" + " * ".join(go(t) for t in e.args) + ")"
+        raise UnprintableExpr(f"cannot print expression {e} ({type(e).__name__}) as C++ double")
 
     return go(e)
 

@@ -26,6 +26,7 @@ import sympy
 import torch
 
 from wrapgen.backends.cpp_exprs import (
+    cpp_double_expr,
     cpp_expr,
     cpp_float,
     cpp_int,
@@ -38,7 +39,7 @@ from wrapgen.backends.cpp_exprs import (
 )
 from wrapgen.backends.python_runtime import resolve_op
 from wrapgen.wrapper_ir.lines import ExternKernel
-from wrapgen.wrapper_ir.values import TensorRef, TensorType
+from wrapgen.wrapper_ir.values import TensorRef, TensorType, contiguous_strides
 
 _INTEGRAL = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
@@ -172,6 +173,11 @@ class ExternWriter:
                 )
                 schema = resolve_op(fake.op)._schema
                 return self._dispatcher(fake, fake.op, schema, self._bind(fake, schema))
+        if name in ("full", "full_like") and overload == "default":
+            like = self.types.get(values["self"].name) if name == "full_like" and isinstance(values.get("self"), TensorRef) else None
+            return self._full_by_fill(line, values.get("fill_value"), like)
+        if name == "segment_reduce" and overload == "default" and values.get("initial") is not None:
+            return self._segment_reduce_initial(line, values)
         if name == "constant_pad_nd" and overload == "default":
             # aten::pad(mode="constant") through the generated shim: the fill value is a double* there
             value = values.get("value", 0)
@@ -249,13 +255,19 @@ class ExternWriter:
         if isinstance(value, bool):
             code.lines.append(f"wrapgen::Tensor {name} = wrapgen::scalar_tensor_bool({'true' if value else 'false'});")
             code.shims.add("aoti_torch_scalar_to_tensor_bool")
-        elif isinstance(value, int) or (hasattr(value, "is_integer") and getattr(value, "is_integer", False)):
+        elif isinstance(value, int) or (isinstance(value, sympy.Basic) and value.is_integer):
             code.lines.append(f"wrapgen::Tensor {name} = wrapgen::scalar_tensor_int64({cpp_expr(value)});")
             code.shims.add("aoti_torch_scalar_to_tensor_int64")
         elif isinstance(value, float):
             wide = any(d in (torch.float64, torch.complex128) for d in dtypes)
             fn = "float64" if wide else "float32"
             code.lines.append(f"wrapgen::Tensor {name} = wrapgen::scalar_tensor_{fn}({cpp_float(value)});")
+            code.shims.add(f"aoti_torch_scalar_to_tensor_{fn}")
+        elif isinstance(value, sympy.Basic) and value.is_real is not False:
+            # a float-valued size expression (a dynamic interpolate's scale): float32 like a Python float
+            wide = any(d in (torch.float64, torch.complex128) for d in dtypes)
+            fn = "float64" if wide else "float32"
+            code.lines.append(f"wrapgen::Tensor {name} = wrapgen::scalar_tensor_{fn}({cpp_double_expr(value)});")
             code.shims.add(f"aoti_torch_scalar_to_tensor_{fn}")
         else:
             raise CannotExpress(f"cannot pass {value!r} where a Tensor goes")
@@ -414,6 +426,70 @@ class ExternWriter:
             code.shims |= sub.shims
             if label == "parts":
                 code.lines += [f"wrapgen::Tensor t___p{i} = t___parts.at({{{i}}}).tensor.share();" for i in (0, 1)]
+        return code
+
+    def _segment_reduce_initial(self, line: ExternKernel, values: dict) -> CallCode | None:
+        """`segment_reduce(..., initial=v)` (a Scalar no shim route takes) for max / min / prod / sum:
+        the reduction without `initial` combined with v elementwise. Exact: an empty segment
+        yields the identity (-inf, inf, 1, 0), which the combine turns into v. (`mean` is not a
+        combine of the two and stays refused.)"""
+        combine = {"max": "aten::maximum.default", "min": "aten::minimum.default", "prod": "aten::mul.Tensor",
+                   "sum": "aten::add.Tensor"}.get(values.get("reduce"))
+        initial = values["initial"]
+        if combine is None or not isinstance(initial, (int, float)) or line.name is None:
+            return None
+        kwargs = tuple((k, v) for k, v in line.kwargs if k != "initial")  # keyword-only in the schema
+        code = CallCode(lines=["wrapgen::Tensor t___reduced;"])
+        for target, op, a, kw in (
+            ("__reduced", line.op, line.args, kwargs),
+            (line.name, combine, (TensorRef("__reduced"), initial), ()),
+        ):
+            fake = ExternKernel(target, op, _rename(a), _rename(kw))
+            sub = self.write(fake)  # add's Scalar alpha takes the routes `write` knows
+            code.lines += ["{", *(f"  {text}" for text in sub.lines), "}"]
+            code.shims |= sub.shims
+        return code
+
+    def _full_by_fill(self, line: ExternKernel, value: object, like: object = None) -> CallCode | None:
+        """`full` / `full_like`: the result allocated, then filled through the generated
+        `fill_.Scalar` shim (a double: exact for every float and for integers up to 2**53). A
+        `full_like` whose layout is unknown here allocates through `aten::empty_like` with the
+        same options, so torch picks the layout (preserve_format) exactly as `full_like` would."""
+        result = self.types.get(line.name) if line.name else None
+        if not isinstance(result, TensorType) or result.dtype.is_complex or isinstance(value, complex):
+            return None
+        if isinstance(value, (bool, int)):
+            if abs(int(value)) > 2**53:
+                return None
+            number = cpp_float(float(value))
+        elif isinstance(value, float):
+            number = cpp_float(value)
+        elif isinstance(value, sympy.Basic):
+            number = cpp_double_expr(value)
+        else:
+            return None
+        device = result.device.type
+        shim = f"aoti_torch_{device}_fill__Scalar"
+        if shim not in generated_shims(f"c_shim_{device}.h"):
+            return None
+        strides = result.strides
+        if strides is None and like is None:
+            strides = contiguous_strides(result.sizes)
+        if strides is None:
+            kwargs = tuple((k, v) for k, v in line.kwargs if k != "fill_value")
+            empty = ExternKernel(line.name, "aten::empty_like.default", line.args[:1], kwargs=kwargs, result=line.result)
+            code = self.write(empty)
+            code.shims.add(shim)
+        else:
+            ints = ", ".join
+            code = CallCode(shims={"aoti_torch_empty_strided", shim, dtype_code(result.dtype).removesuffix("()"),
+                                   device_type_code(result.device).removesuffix("()")})
+            code.lines.append(
+                f"t_{line.name} = wrapgen::empty_strided({{{ints(cpp_expr(v) for v in result.sizes)}}}, "
+                f"{{{ints(cpp_expr(v) for v in strides)}}}, {dtype_code(result.dtype)}, "
+                f"{device_type_code(result.device)}, {device_index(result.device)});"
+            )
+        code.lines.append(f"wrapgen::check({shim}(t_{line.name}.get(), {number}), {cpp_string(shim)});")
         return code
 
     def _host_arange(self, line: ExternKernel, bound) -> CallCode | None:

@@ -116,7 +116,13 @@ class KernelGraphLowering(GraphLowering):
         if self.language == "triton" and self.device.type == "cpu":
             from wrapgen.kernels.triton.ops import INTERPRETER_UNSUPPORTED
 
-            if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.name not in INTERPRETER_UNSUPPORTED:
+            if not isinstance(node.target, torch._ops.OpOverload):
+                return False
+            if op_key(node) in ("aten::linalg_vector_norm.default", "aten::dist.default"):
+                from wrapgen.lowering.loop_ops import BASIC_NORM_ORDERS, norm_order
+
+                return norm_order(node) not in BASIC_NORM_ORDERS  # other orders need pow
+            if node.target._schema.name not in INTERPRETER_UNSUPPORTED:
                 return False
             squares = node.target._schema.name == "aten::pow" and len(node.args) > 1 and node.args[1] in (2, 0.5)
             return not squares  # x**2 and x**0.5 lower to a multiply and a sqrt

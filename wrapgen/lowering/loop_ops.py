@@ -336,8 +336,14 @@ def _full(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     return LoopValue(sizes, Const(_convert_scalar(value, out.dtype), out.dtype), out.dtype)
 
 
-@register("aten::arange.start_step", "aten::arange.default", "aten::arange.start",
-          check=lambda n: all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in n.args))
+def _arange_check(node: torch.fx.Node) -> bool:
+    """Start and step must be numbers; the end only sets the length (the output's size)."""
+    args = list(node.args)
+    fixed = [] if len(args) == 1 else [args[0]] + args[2:3]
+    return all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in fixed)
+
+
+@register("aten::arange.start_step", "aten::arange.default", "aten::arange.start", check=_arange_check)
 def _arange(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     out = out_fake(node)
     sizes, dtype = ctx.shape(out.shape), out.dtype
@@ -730,3 +736,100 @@ def _small_matmul(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
         return total
     bias = operand(ctx, node.args[0], rows, dtype)
     return LoopValue(rows, Apply("add", (bias, total.body), dtype), dtype)
+
+
+# -- activations with Scalar parameters, and vector norms ----------------------------------------
+
+
+def _zero(dtype: torch.dtype) -> Const:
+    return Const(_convert_scalar(0, dtype), dtype)
+
+
+@register("aten::elu.default", check=lambda n: _float_out(n) and all(isinstance(a, (int, float)) for a in n.args[1:]))
+def _elu(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    """scale * x for x > 0, else scale * alpha * (exp(x * input_scale) - 1) (elu, selu, celu)."""
+    out = out_fake(node)
+    sizes, dtype = ctx.shape(out.shape), out.dtype
+    alpha, scale, input_scale = (float(arg(node, i, n, 1.0)) for i, n in ((1, "alpha"), (2, "scale"), (3, "input_scale")))
+    x = operand(ctx, node.args[0], sizes, dtype)
+    negative = Apply("mul", (Apply("expm1", (Apply("mul", (x, Const(input_scale, dtype)), dtype),), dtype),
+                             Const(alpha * scale, dtype)), dtype)
+    positive = Apply("mul", (x, Const(scale, dtype)), dtype)
+    return LoopValue(sizes, Apply("where", (Apply("gt", (x, _zero(dtype)), torch.bool), positive, negative), dtype), dtype)
+
+
+@register("aten::leaky_relu.default", check=lambda n: _float_out(n) and isinstance(arg(n, 1, "negative_slope", 0.01), (int, float)))
+def _leaky_relu(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    sizes, dtype = ctx.shape(out.shape), out.dtype
+    x = operand(ctx, node.args[0], sizes, dtype)
+    slope = Const(float(arg(node, 1, "negative_slope", 0.01)), dtype)
+    return LoopValue(sizes, Apply("where", (Apply("gt", (x, _zero(dtype)), torch.bool), x, Apply("mul", (x, slope), dtype)), dtype), dtype)
+
+
+@register("aten::hardtanh.default", check=lambda n: _clamp_check(n) and all(isinstance(a, (int, float)) for a in n.args[1:]))
+def _hardtanh(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    sizes, dtype = ctx.shape(out.shape), out.dtype
+    low, high = (operand(ctx, arg(node, i, n, d), sizes, dtype) for i, n, d in ((1, "min_val", -1.0), (2, "max_val", 1.0)))
+    body = Apply("clamp_max", (Apply("clamp_min", (operand(ctx, node.args[0], sizes, dtype), low), dtype), high), dtype)
+    return LoopValue(sizes, body, dtype)
+
+
+BASIC_NORM_ORDERS = (0, 1, 2, math.inf, -math.inf)  # other orders need pow (kernel_lowering may exclude them)
+
+
+def norm_order(node: torch.fx.Node) -> object:
+    if op_key(node) == "aten::dist.default":
+        return arg(node, 2, "p", 2)
+    return arg(node, 1, "ord", 2)
+
+
+def _vector_norm_check(node: torch.fx.Node) -> bool:
+    source = fake(node.args[0])
+    order = norm_order(node)
+    tensors = 2 if op_key(node) == "aten::dist.default" else 1
+    if any(isinstance(a, torch.fx.Node) for a in list(node.args[tensors:]) + list(node.kwargs.values())):
+        return False
+    return (out_fake(node).dtype.is_floating_point and isinstance(source, torch.Tensor)
+            and source.dtype.is_floating_point and isinstance(order, (int, float)) and not isinstance(order, bool)
+            and not (order in (math.inf, -math.inf) and source.numel() == 0))
+
+
+@register("aten::linalg_vector_norm.default", "aten::dist.default", check=_vector_norm_check)
+def _vector_norm(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    """ord 2: sqrt of the sum of squares; 1: sum of |x|; +-inf: max / min of |x|; 0: count of
+    nonzeros; p: (sum |x|^p)^(1/p). `dist(a, b, p)` is the norm of a - b over every dim."""
+    out = out_fake(node)
+    dtype = out.dtype
+    order = norm_order(node)
+    if op_key(node) == "aten::dist.default":
+        sizes = ctx.shape(torch.broadcast_shapes(fake(node.args[0]).shape, fake(node.args[1]).shape))
+        x = Apply("sub", (operand(ctx, node.args[0], sizes, dtype), operand(ctx, node.args[1], sizes, dtype)), dtype)
+        dims, keep = tuple(range(len(sizes))), False
+    else:
+        source = ctx.value(node.args[0])
+        sizes, x = source.sizes, cast(source.body, dtype)
+        rank = len(sizes)
+        dims = arg(node, 2, "dim", None)
+        if rank == 0:  # dim 0 / -1 of a 0-dim tensor: the norm of its one element
+            dims = ()
+        else:
+            dims = tuple(range(rank)) if not dims else tuple(d % rank for d in ((dims,) if isinstance(dims, int) else dims))
+        keep = bool(arg(node, 3, "keepdim", False))
+    magnitude = Apply("abs", (x,), dtype)
+
+    def total(body: Body, kind: str = "sum") -> LoopValue:
+        return ctx.reduce(LoopValue(sizes, body, dtype), dims, keep, kind, dtype, "vector_norm")
+
+    if order == 2:
+        squares = total(Apply("mul", (x, x), dtype))
+        return LoopValue(squares.sizes, Apply("sqrt", (squares.body,), dtype), dtype)
+    if order == 0:
+        return total(cast(Apply("ne", (x, _zero(dtype)), torch.bool), dtype))
+    if order == 1:
+        return total(magnitude)
+    if order in (math.inf, -math.inf):
+        return total(magnitude, "max" if order > 0 else "min")
+    powers = total(Apply("pow", (magnitude, Const(float(order), dtype)), dtype))
+    return LoopValue(powers.sizes, Apply("pow", (powers.body, Const(1.0 / float(order), dtype)), dtype), dtype)

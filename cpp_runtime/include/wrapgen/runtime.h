@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -247,19 +246,17 @@ inline std::string device_name(int32_t type, int32_t index) {
   return index >= 0 && type != aoti_torch_device_type_cpu() ? name + ":" + std::to_string(index) : name;
 }
 
+// Plain string building (no iostreams: their locale machinery is the one part of libstdc++
+// a model library would otherwise pull in on an error path).
 inline std::string format_tuple(const std::vector<int64_t>& values, const std::vector<bool>* checked = nullptr) {
-  std::ostringstream out;
-  out << "(";
+  std::string out = "(";
   for (size_t i = 0; i < values.size(); ++i) {
-    if (i) out << ", ";
-    if (checked != nullptr && !(*checked)[i]) {
-      out << "*";
-    } else {
-      out << values[i];
-    }
+    if (i) out += ", ";
+    const bool shown = checked == nullptr || (i < checked->size() && (*checked)[i]);
+    out += shown ? std::to_string(values[i]) : std::string("*");
   }
-  out << (values.size() == 1 ? ",)" : ")");
-  return out.str();
+  out += values.size() == 1 ? ",)" : ")";
+  return out;
 }
 
 // dtype, device, shape and strides of an input, with an error naming the first property that
