@@ -206,22 +206,41 @@ def test_pool_offsets_never_overlap_live_buffers() -> None:
                     assert a[3] <= b[2] or b[3] <= a[2], (n, a, b)
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_models_match_eager_in_every_mode(mode: str, dynamic: bool) -> None:
-    torch.manual_seed(0)
-    models = [
+_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# where kernels run: C++ kernels on the CPU, Triton kernels on the CPU (Triton's interpreter,
+# which tests/conftest.py switches on without a GPU), Triton kernels on CUDA
+PLACES = [
+    pytest.param("cpu", "cpp", id="cpu-cpp-kernels"),
+    pytest.param("cpu", "triton", id="cpu-triton-kernels", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="the Triton interpreter runs where there is no GPU")),
+    pytest.param("cuda", "triton", id="cuda", marks=[pytest.mark.cuda, _CUDA]),
+]
+
+
+def _planning_models() -> list[tuple[torch.nn.Module, tuple[int, ...]]]:
+    return [
         (torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 16)), (4, 16)),
         (torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten()), (2, 3, 10, 10)),
         (torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True), (2, 8, 32)),
     ]
-    for model, shape in models:
-        model = model.eval()
-        with wrapgen.config.patch(memory_planning=mode):
-            compiled = wrapgen.compile(model, (torch.randn(shape),), dynamic=dynamic)
+
+
+@pytest.mark.parametrize("device, kernels", PLACES)
+@pytest.mark.parametrize("target", wrapgen.backends.registered_backends())
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_models_match_eager_in_every_mode(device: str, kernels: str, target: str, mode: str, dynamic: bool) -> None:
+    """Every planning mode keeps every target right, with either kind of generated kernel."""
+    if kernels == "triton" and device == "cpu" and (target != "python" or dynamic):
+        pytest.skip("the interpreter is slow: Triton kernels under each mode on the python target, static shapes")
+    torch.manual_seed(0)
+    for model, shape in _planning_models():
+        model = model.eval().to(device)
+        with wrapgen.config.patch(memory_planning=mode, cpu_kernels=kernels):
+            compiled = wrapgen.compile(model, (torch.randn(shape, device=device),), dynamic=dynamic, target=target)
         assert dict(compiled.program.metadata)["memory planning"] == mode
         for batch in (shape[0], 3) if dynamic else (shape[0],):
-            x = torch.randn(batch, *shape[1:])
+            x = torch.randn(batch, *shape[1:], device=device)
             with torch.no_grad():
                 torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
 
