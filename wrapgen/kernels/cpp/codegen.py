@@ -165,7 +165,9 @@ class CppKernelCodegen:
 
     def param(self, buffer: str, write: bool) -> str:
         if buffer not in self.params:
-            self.params[buffer] = f"t_{buffer}"
+            # named by position, not by buffer: groups that compute the same thing on other
+            # buffers (a chain of identical layers) then generate identical code and share a kernel
+            self.params[buffer] = f"{'out' if write else 'in'}_ptr{len(self.params)}"
         if write and buffer not in self.written:
             self.written.append(buffer)
         if not write and buffer not in self.read_from_memory:
