@@ -173,3 +173,36 @@ def test_cpp_target_rejects_wrong_inputs_on_cuda(dynamic: bool) -> None:
     x = torch.randn(8, 16, device="cuda")
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
+
+
+_OUT_OF_RANGE = """
+import sys, torch, wrapgen
+model = torch.nn.Embedding(50, 16).cuda().eval()
+idx = torch.randint(0, 50, (4, 7), device="cuda")
+compiled = wrapgen.compile(model, (idx,), target=sys.argv[1])
+assert not [l for l in compiled.program.lines if type(l).__name__ == "ExternKernel"], compiled.program
+idx[2, 3] = 50
+try:
+    compiled(idx)
+    torch.cuda.synchronize()
+except Exception as e:
+    print("RAISED", type(e).__name__, e)
+    sys.exit(3)
+print("NO ERROR")
+"""
+
+
+@pytest.mark.parametrize("target", wrapgen.backends.registered_backends())
+def test_gather_index_out_of_range_fails_a_device_assert(target: str, tmp_path) -> None:
+    """On CUDA, as in eager, an embedding index out of range stops at a device assert (the
+    kernel is compiled with Triton's debug asserts); the process is not left running on garbage.
+    A device assert poisons the CUDA context, so it runs in a child process."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "oob.py"
+    script.write_text(_OUT_OF_RANGE)
+    result = subprocess.run([sys.executable, str(script), target], capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert "NO ERROR" not in output and result.returncode != 0, output[-2000:]
+    assert "assert" in output.lower(), output[-2000:]

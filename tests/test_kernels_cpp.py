@@ -153,6 +153,27 @@ def test_reductions(fn) -> None:
     assert kernel_calls(compiled.program)
 
 
+def _kernel_source(program) -> str:
+    return next(line for line in program.lines if isinstance(line, KernelDefinition)).source
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_softmax_row_cache_computes_exp_once_per_element(dynamic: bool) -> None:
+    """A static row that fits the row cache: the sum pass keeps exp(x - max) and the output pass
+    reads it back (one exp per element). Rows of dynamic length, or too long to cache,
+    recompute it, and every variant matches eager."""
+    fn = lambda x: torch.softmax(x * 0.5, dim=-1) + torch.sigmoid(x).sum(-1, keepdim=True)  # noqa: E731
+    cached = check(fn, torch.randn(6, 300), dynamic=dynamic, rtol=1e-5, atol=1e-5)
+    source = _kernel_source(cached.program)
+    if dynamic:
+        assert "wg_row" not in source and source.count("expf(") == 3
+    else:
+        # exp(x*0.5 - max) is kept by the sum pass; the output pass computes no exp
+        assert source.count("wg_row0[r0] = ") == 1 and source.count("expf(") == 2, source
+    too_long = check(fn, torch.randn(2, 20000), rtol=1e-5, atol=1e-5)
+    assert "wg_row" not in _kernel_source(too_long.program)
+
+
 def test_max_propagates_nan() -> None:
     x = torch.randn(4, 8)
     compiled = wrapgen.compile(lambda t: t.amax(1), (x,))
@@ -285,3 +306,61 @@ def test_identical_layers_share_one_kernel(dynamic: bool) -> None:
     calls = [line for line in lines if isinstance(line, KernelCall)]
     # static: mm + tanh fused into one kernel per layer; dynamic: a library mm, then tanh
     assert len(calls) == 6 and len(definitions) == 1, compiled.program
+
+
+# -- gathers: indices read from tensor data ----------------------------------------------------
+
+def _embedding_relu(idx, x, table):
+    return torch.relu(torch.nn.functional.embedding(idx, table)) * x
+
+
+def _index_select_sin(src, idx):
+    return torch.index_select(src, 1, idx).sin() + 1
+
+
+def _index_select_sum(src, idx):  # a gather inside a reduction
+    return torch.index_select(src, 0, idx).sum(-1)
+
+
+def _gather_exp(src, idx):
+    return torch.gather(src.exp(), 1, idx) * 2  # the gathered tensor is computed first
+
+
+GATHER_CASES = [
+    (_embedding_relu, lambda d: (torch.randint(0, 50, (4, 7), device=d), torch.randn(4, 7, 16, device=d),
+                                 torch.randn(50, 16, device=d))),
+    (_index_select_sin, lambda d: (torch.randn(5, 9, 3, device=d), torch.tensor([8, 0, 8, 3], device=d))),
+    (_index_select_sum, lambda d: (torch.randn(9, 33, device=d), torch.tensor([8, 0, 8, 3], device=d))),
+    (_gather_exp, lambda d: (torch.randn(6, 10, device=d), torch.randint(0, 10, (6, 4), device=d))),
+]
+GATHER_IDS = ["embedding", "index_select", "index_select_sum", "gather"]
+
+
+@pytest.mark.parametrize("target", wrapgen.backends.registered_backends())
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("fn, make", GATHER_CASES, ids=GATHER_IDS)
+def test_gathers_fuse_into_kernels(fn, make, dynamic: bool, target: str) -> None:
+    inputs = make("cpu")
+    compiled = wrapgen.compile(fn, inputs, dynamic=dynamic, target=target)
+    assert externs(compiled.program) == [], compiled.program
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs))
+    if dynamic and fn is _embedding_relu:
+        other = (torch.randint(0, 50, (2, 3)), torch.randn(2, 3, 16), inputs[2])
+        torch.testing.assert_close(compiled(*other), fn(*other))
+
+
+@pytest.mark.parametrize("target", wrapgen.backends.registered_backends())
+@pytest.mark.parametrize("bad", [50, -1])
+def test_gather_index_out_of_range_raises(target: str, bad: int) -> None:
+    """Eager raises IndexError for an index outside [0, rows); so does every target, having read
+    nothing outside the table."""
+    model = torch.nn.Embedding(50, 16).eval()
+    idx = torch.randint(0, 50, (4, 7))
+    compiled = wrapgen.compile(model, (idx,), target=target)
+    assert externs(compiled.program) == []
+    idx[2, 3] = bad
+    with pytest.raises(IndexError, match="out of range"):
+        compiled(idx)
+    idx[2, 3] = 0
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(idx), model(idx))  # still usable

@@ -10,7 +10,16 @@ import torch
 
 import wrapgen
 from benchmarks.workloads import WORKLOADS
-from tests.test_kernels_cpp import POINTWISE_CASES, POINTWISE_IDS, REDUCTION_CASES, REDUCTION_IDS, externs, kernel_calls
+from tests.test_kernels_cpp import (
+    GATHER_CASES,
+    GATHER_IDS,
+    POINTWISE_CASES,
+    POINTWISE_IDS,
+    REDUCTION_CASES,
+    REDUCTION_IDS,
+    externs,
+    kernel_calls,
+)
 from wrapgen.kernels.triton import compat
 from wrapgen.wrapper_ir.lines import KernelDefinition
 
@@ -187,3 +196,13 @@ def test_launch_is_bound_once_not_through_the_jit_grid() -> None:
     compiled = wrapgen.compile(lambda x: torch.tanh(x) * 2, (randn(64),))
     source = compiled.artifact.source
     assert "TritonKernels(" in source and "[grid]" not in source and "](" not in source.split("def call")[1]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("fn, make", GATHER_CASES, ids=GATHER_IDS)
+def test_gathers(fn, make, dynamic: bool) -> None:
+    inputs = make(DEVICE)
+    compiled = wrapgen.compile(fn, inputs, dynamic=dynamic)
+    assert externs(compiled.program) == [] and triton_sources(compiled.program)
+    assert all("@triton.jit(debug=True)" in s for s in triton_sources(compiled.program) if "device_assert" in s)
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs))

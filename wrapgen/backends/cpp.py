@@ -29,7 +29,7 @@ from wrapgen.backends.cpp_exprs import (
     dtype_code,
 )
 from wrapgen.backends.cpp_extern import CannotExpress, ExternWriter
-from wrapgen.backends.devices import device_overrides, kernel_device
+from wrapgen.backends.devices import device_overrides, kernel_device, returns_status
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
 from wrapgen.errors import UnsupportedLineError
 from wrapgen.wrapper_ir.lines import (
@@ -146,7 +146,8 @@ class CppEmitter(Emitter):
         return _template().render(
             program_name=program.name,
             emitter=type(self).__name__,
-            kernels=[{"name": k.name, "params": self.kernel_params.get(k.name, "")} for k in self.kernels],
+            kernels=[{"name": k.name, "params": self.kernel_params.get(k.name, ""),
+                      "returns": "int64_t" if returns_status(k) else "void"} for k in self.kernels],
             gpu_kernels=[{"name": k.name, "unaligned": bool(dict(k.metadata).get("unaligned"))} for k in self.gpu_kernels],
             metadata=json.dumps(self.metadata(program), sort_keys=True),
             num_inputs=len(program.inputs),

@@ -61,6 +61,8 @@ def raise_error(kind: int, message: str) -> None:
         raise InputMismatchError(message)
     if kind == 2:
         raise FloatingPointError(message)
+    if kind == 4:
+        raise IndexError(message)
     raise RuntimeError(f"C++ model failed: {message}")
 
 

@@ -91,6 +91,14 @@ class DeviceOverrides:
         raise NotImplementedError(f"no C++ kernel launcher for device type {self.device_type!r}")
 
 
+def returns_status(kernel) -> bool:
+    """Whether a C++ kernel (its KernelDefinition) returns a status to check: nonzero when an
+    index it read from tensor data was out of range (see kernels/cpp/codegen.py)."""
+    from wrapgen.kernels.cpp.codegen import STATUS_KEY
+
+    return bool(dict(kernel.metadata).get(STATUS_KEY, False))
+
+
 def triton_kernel_loader(kernels: list) -> list[str]:
     """Compile the program's Triton kernels at import and bind one launcher per kernel. Sources
     and metadata are embedded with repr(), which is safe for any text."""
@@ -124,7 +132,8 @@ class CpuOverrides(DeviceOverrides):
             lines += ["from wrapgen.kernels.cpp.runtime import CppKernels", "", "_cpp_sources = ["]
             lines += [f"    {k.source!r}," for k in cpp]
             lines += ["]", "_cpp_kernels = CppKernels(_cpp_sources)"]
-            lines += [f"{k.name} = _cpp_kernels.bind({k.name!r}, {signatures.get(k.name, '')!r})" for k in cpp]
+            lines += [f"{k.name} = _cpp_kernels.bind({k.name!r}, {signatures.get(k.name, '')!r}"
+                      f"{', returns_status=True' if returns_status(k) else ''})" for k in cpp]
         return lines
 
     def cpp_kernel_languages(self) -> tuple[str, ...]:
@@ -132,13 +141,20 @@ class CpuOverrides(DeviceOverrides):
 
     def cpp_kernel_launch(self, kernel, args: list[tuple[str, str]], grid: list[str]) -> list[str]:
         # The kernel is a C function in the same library: a plain call.
-        return [f"{kernel.name}({', '.join(a for a, _ in args)});"]
+        call = f"{kernel.name}({', '.join(a for a, _ in args)})"
+        if returns_status(kernel):
+            message = f"{kernel.name}: an index read from tensor data is out of range"
+            return [f'if ({call} != 0) throw wrapgen::Error(WG_INDEX_OUT_OF_RANGE, "{message}");']
+        return [f"{call};"]
 
     def python_kernel_launch(self, kernel, args: list[tuple[str, bool]], grid: list[str]) -> str:
         if kernel.language != "cpp":
             return super().python_kernel_launch(kernel, args, grid)
         # ctypes call of the bound C function: tensors as data pointers (storage offset included).
-        return f"{kernel.name}({', '.join(f'{a}.data_ptr()' if is_tensor else a for a, is_tensor in args)})"
+        call = f"{kernel.name}({', '.join(f'{a}.data_ptr()' if is_tensor else a for a, is_tensor in args)})"
+        if returns_status(kernel):
+            return f"if {call}: raise IndexError({kernel.name + ': an index read from tensor data is out of range'!r})"
+        return call
 
 
 @dataclass(frozen=True)

@@ -321,7 +321,10 @@ class FxEmitter(Emitter):
                 ints.append(self.value(arg))
             else:
                 self.refuse(f"argument {arg!r} of a C++ kernel is neither a tensor nor an integer")
-        args = (self.cpp_library, line.kernel, "".join(order), reads, writes, ints)
+        from wrapgen.backends.devices import returns_status
+
+        status = "!" if returns_status(definition) else ""  # the op raises IndexError on a nonzero status
+        args = (self.cpp_library, line.kernel, status + "".join(order), reads, writes, ints)
         self.node(cpp_kernel, args, name=line.kernel)
 
     def define_triton_kernel(self, line: KernelDefinition) -> None:

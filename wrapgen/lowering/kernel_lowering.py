@@ -171,6 +171,16 @@ class KernelGraphLowering(GraphLowering):
             return self.load(buffer)
         return value
 
+    def in_memory(self, arg: torch.fx.Node) -> LoopValue:
+        """`arg`'s value as a plain load of a buffer (realized if it is computed or a constant):
+        for a gather, which reads it at a data-dependent index."""
+        value = self.value(arg)
+        if not isinstance(value.body, Load) or value.body.indirect:
+            buffer = self.realize(value, arg.meta["val"], op_key(arg) or "getitem")
+            self.values[arg] = buffer
+            return self.load(buffer)
+        return value
+
     def load(self, buffer: Buffer) -> LoopValue:
         sizes = buffer.type.sizes
         strides = []

@@ -31,12 +31,27 @@ def red_vars(n: int) -> tuple[sympy.Symbol, ...]:
 
 
 @dataclass(frozen=True)
+class Indirect:
+    """An index read from tensor data (a gather: embedding, index_select): `symbol` stands, in
+    a Load's index, for the integer `value` taken as a position along a dimension of `size`.
+    A value outside [0, size) is out of range (as in eager's embedding and index_select), which
+    the kernel reports (C++: a nonzero status the caller raises on; Triton: a device assert)
+    instead of reading outside the buffer."""
+
+    symbol: sympy.Symbol
+    value: Body
+    size: sympy.Expr
+
+
+@dataclass(frozen=True)
 class Load:
-    """Element `index` (in elements, relative to the tensor's data pointer) of `buffer`."""
+    """Element `index` (in elements, relative to the tensor's data pointer) of `buffer`;
+    `indirect` binds the data-dependent symbols of `index` (empty for an ordinary load)."""
 
     buffer: str
     index: sympy.Expr
     dtype: torch.dtype
+    indirect: tuple[Indirect, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,7 +89,8 @@ def substitute(body: Body, mapping: dict) -> Body:
         if key in memo:
             return memo[key]
         if isinstance(node, Load):
-            out: Body = Load(node.buffer, sympy.expand(sympy.sympify(node.index).xreplace(mapping)), node.dtype)
+            indirect = tuple(Indirect(i.symbol, go(i.value), i.size) for i in node.indirect)
+            out: Body = Load(node.buffer, sympy.expand(sympy.sympify(node.index).xreplace(mapping)), node.dtype, indirect)
         elif isinstance(node, IndexValue):
             out = IndexValue(sympy.expand(sympy.sympify(node.expr).xreplace(mapping)), node.dtype)
         elif isinstance(node, Apply):
@@ -98,6 +114,9 @@ def walk(body: Body):
         if isinstance(node, Apply):
             for a in node.args:
                 go(a)
+        if isinstance(node, Load):
+            for i in node.indirect:
+                go(i.value)
         seen.add(node)
         order.append(node)
 

@@ -20,7 +20,9 @@ extern "C" {
 enum WgValueKind { WG_TENSOR = 0, WG_INT = 1, WG_FLOAT = 2, WG_BOOL = 3, WG_NONE = 4 };
 
 // Error kinds wg_run returns (0: success); loaders map them to exception types.
-enum WgErrorKind { WG_OK = 0, WG_INPUT_MISMATCH = 1, WG_NOT_FINITE = 2, WG_RUNTIME_ERROR = 3 };
+// WG_INDEX_OUT_OF_RANGE: a generated kernel read an index from data outside its dimension
+// (embedding, index_select, gather), which Python raises as IndexError as eager does.
+enum WgErrorKind { WG_OK = 0, WG_INPUT_MISMATCH = 1, WG_NOT_FINITE = 2, WG_RUNTIME_ERROR = 3, WG_INDEX_OUT_OF_RANGE = 4 };
 
 // One input or output: a tensor handle, an integer, a float or a bool (by `kind`).
 typedef struct WgValue {

@@ -20,6 +20,7 @@ import sympy
 import torch
 
 from wrapgen.kernels.cpp.printer import cpp_index
+from wrapgen.kernels.cpp.row_cache import plan_row_cache
 from wrapgen.kernels.segments import in_place_pairs, read_in_later_segment, segments
 from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, Load, red_vars, row_vars
 from wrapgen.lowering.scheduler import FusionGroup, Member
@@ -154,9 +155,13 @@ class CppKernelCodegen:
         self.read_from_memory: list[str] = []
         self.host: dict[sympy.Expr, str] = {}
         self.symbols: set[sympy.Symbol] = set()
+        self.gather_indices: set[sympy.Symbol] = set()  # locals holding indices read from data
         self.items = segments(group)
         # inner results read by a later pass go through memory
         self.stored = {n for n in self.members if n in needed} | read_in_later_segment(self.items, self.members)
+        passes = {i: [m.node.body for m in ms] for i, (kind, ms) in enumerate(self.items) if kind == "segment"}
+        self.row_cache = plan_row_cache(passes, sympy.Mul(*group.reduced)) if len(passes) > 1 else {}
+        self.current_item = -1
 
     # -- names -----------------------------------------------------------------------------
     def tmp(self) -> str:
@@ -177,7 +182,7 @@ class CppKernelCodegen:
     def index(self, expr: object) -> str:
         e = sympy.sympify(expr)
         text = cpp_index(e, hoist=self.size)
-        self.symbols |= {s for s in e.free_symbols if not _is_loop_var(s)}
+        self.symbols |= {s for s in e.free_symbols if not _is_loop_var(s) and s not in self.gather_indices}
         return text
 
     def size(self, expr: object) -> str:
@@ -193,10 +198,18 @@ class CppKernelCodegen:
     def value(self, body: Body, memo: dict, local: dict[str, str], w: _Writer) -> str:
         if body in memo:
             return memo[body]
+        cached = self.row_cache.get(body)
+        if cached is not None and cached.producer < self.current_item:
+            name = self.tmp()
+            w.line(f"const {CTYPES[body.dtype]} {name} = {cached.array}[{self.index(_flat_reduced_index(self.group))}];")
+            memo[body] = name
+            return name
         if isinstance(body, Const):
             return _literal(body.value, body.dtype)
         if isinstance(body, IndexValue):
             text = f"static_cast<{CTYPES[body.dtype]}>({self.index(body.expr)})"
+        elif isinstance(body, Load) and body.indirect:
+            text = f"{self.param(body.buffer, False)}[{self.index(self._gather_index(body, memo, local, w))}]"
         elif isinstance(body, Load):
             if body.buffer in local:
                 return local[body.buffer]
@@ -207,8 +220,25 @@ class CppKernelCodegen:
             text = render_op(body.op, args, [a.dtype for a in body.args], body.dtype)
         name = self.tmp()
         w.line(f"const {CTYPES[body.dtype]} {name} = {text};")
+        if cached is not None and cached.producer == self.current_item:
+            w.line(f"{cached.array}[{self.index(_flat_reduced_index(self.group))}] = {name};")
         memo[body] = name
         return name
+
+    def _gather_index(self, load: Load, memo: dict, local: dict[str, str], w: _Writer) -> sympy.Expr:
+        """The load's index with each data-dependent position computed into a local; a position
+        out of range sets the kernel's status (the caller raises) and reads position 0 instead,
+        so nothing is read outside the buffer."""
+        mapping = {}
+        for ind in load.indirect:
+            value = self.value(ind.value, memo, local, w)
+            name, size = self.tmp(), self.size(ind.size)
+            w.line(f"int64_t {name} = static_cast<int64_t>({value});")
+            w.line(f"if ({name} < 0 || {name} >= {size}) {{ __atomic_store_n(&wg_bad_index, 1, __ATOMIC_RELAXED); {name} = 0; }}")
+            symbol = sympy.Symbol(name, integer=True)
+            self.gather_indices.add(symbol)
+            mapping[ind.symbol] = symbol
+        return sympy.sympify(load.index).xreplace(mapping)
 
     def store(self, member: Member, var: str, w: _Writer) -> None:
         if member.node.name in self.stored:
@@ -235,7 +265,10 @@ class CppKernelCodegen:
         if not xs:
             body.line("{")
             body.depth += 1
-        for kind, ms in self.items:
+        for cached in self.row_cache.values():
+            body.line(f"alignas(64) {CTYPES[cached.body.dtype]} {cached.array}[{self.size(sympy.Mul(*g.reduced))}];")
+        for item, (kind, ms) in enumerate(self.items):
+            self.current_item = item
             if kind == "row":
                 m = ms[0]
                 var = self.value(m.node.body, memo, local, body)
@@ -343,15 +376,24 @@ class CppKernelCodegen:
         params += [f"int64_t {s}" for s in symbols]
         host = list(self.host)
         params += [f"int64_t {self.host[e]}" for e in host]
-        head = f'extern "C" void {self.name}({", ".join(params)}) {{'
-        source = "\n".join([head, *body.lines, "}"]) + "\n"
         origins = ",".join(dict.fromkeys(m.node.origin for m in self.group.members if m.node.origin))
         metadata = (("device", "cpu"), ("ops", origins))
+        if self.gather_indices:
+            # a kernel that reads indices from data returns a status: nonzero if one was out of range
+            head = f'extern "C" int64_t {self.name}({", ".join(params)}) {{'
+            lines = [head, "  int64_t wg_bad_index = 0;", *body.lines, "  return wg_bad_index;", "}"]
+            metadata += ((STATUS_KEY, True),)
+        else:
+            lines = [f'extern "C" void {self.name}({", ".join(params)}) {{', *body.lines, "}"]
+        source = "\n".join(lines) + "\n"
         return GeneratedKernel(self.name, source, tuple(tensors), tuple(symbols) + tuple(host), tuple(host),
                                tuple(self.written), metadata, may_alias=may_alias)
 
 
 ARG_REDUCTIONS = ("argmax", "argmin")
+# KernelDefinition metadata of a C++ kernel that returns an int64 status (nonzero: an index
+# read from data was out of range); callers check it and raise IndexError
+STATUS_KEY = "returns_status"
 
 
 def _flat_reduced_index(group: FusionGroup) -> sympy.Expr:

@@ -9,7 +9,9 @@ than an opaque Python closure, and can run, trace (fake/meta kernel) or reorder 
 `library` is the shared library holding all C++ kernels of one program (built once, by
 `build.build_library`); `kernel` the C function's name; `order` has one letter per C
 argument — "r" next of `reads`, "w" next of `writes` (passed as data pointers, storage
-offset included), "i" next of `ints` (int64).
+offset included), "i" next of `ints` (int64) — after an optional leading "!": the kernel
+returns an int64 status, nonzero when an index it read from tensor data was out of range
+(the op then raises IndexError).
 """
 
 from __future__ import annotations
@@ -44,11 +46,13 @@ def _library(path: str) -> ctypes.CDLL:
 @functools.lru_cache(maxsize=4096)
 def _launcher(path: str, kernel: str, order: str) -> Callable[[list, list, list], None]:
     """The kernel's C function with its argument types fixed, and how to gather its arguments."""
+    checked = order.startswith("!")
+    order = order.removeprefix("!")
     if set(order) - set("rwi"):
-        raise ValueError(f"wrapgen::cpp_kernel: bad argument order {order!r} (letters r, w, i)")
+        raise ValueError(f"wrapgen::cpp_kernel: bad argument order {order!r} (letters r, w, i after an optional !)")
     fn = getattr(_library(path), kernel)
     fn.argtypes = [ctypes.c_int64 if c == "i" else ctypes.c_void_p for c in order]
-    fn.restype = None
+    fn.restype = ctypes.c_int64 if checked else None
     counts = (order.count("r"), order.count("w"), order.count("i"))
 
     def launch(reads: list, writes: list, ints: list) -> None:
@@ -58,7 +62,8 @@ def _launcher(path: str, kernel: str, order: str) -> Callable[[list, list, list]
                 f"tensors and {counts[2]} ints; got {len(reads)}, {len(writes)}, {len(ints)}"
             )
         r, w, i = iter(reads), iter(writes), iter(ints)
-        fn(*[next(r).data_ptr() if c == "r" else next(w).data_ptr() if c == "w" else next(i) for c in order])
+        if fn(*[next(r).data_ptr() if c == "r" else next(w).data_ptr() if c == "w" else next(i) for c in order]) and checked:
+            raise IndexError(f"{kernel}: an index read from tensor data is out of range")
 
     return launch
 

@@ -17,9 +17,10 @@ class CppKernels:
     def __init__(self, sources: list[str]) -> None:
         self.library = load_library(sources)
 
-    def bind(self, name: str, signature: str) -> Callable[..., None]:
-        """`signature`: one letter per argument, "p" for a data pointer, "i" for an int64."""
+    def bind(self, name: str, signature: str, returns_status: bool = False) -> Callable[..., int | None]:
+        """`signature`: one letter per argument, "p" for a data pointer, "i" for an int64.
+        A kernel that `returns_status` returns an int64 (nonzero: an index was out of range)."""
         fn = getattr(self.library, name)
         fn.argtypes = [_ARGTYPES[c] for c in signature]
-        fn.restype = None
+        fn.restype = ctypes.c_int64 if returns_status else None
         return fn

@@ -119,6 +119,7 @@ class TritonKernelCodegen(OpRenderer):
         self.index_bound_ok = True
         self.hints = hints or {}
         self.var_axes: dict[str, frozenset[str]] = {}  # temporaries: the loop axes their block spans
+        self.gather_indices: dict[sympy.Symbol, frozenset[str]] = {}  # indices read from data: their axes
 
     # -- sizes and indices -------------------------------------------------------------------
     def size(self, expr: object) -> str:
@@ -132,7 +133,13 @@ class TritonKernelCodegen(OpRenderer):
             self.host[e] = f"ks{len(self.host)}"
         return self.host[e]
 
+    def _is_block(self, s: sympy.Symbol) -> bool:
+        """A symbol that is a block of values: a loop variable or a gathered index."""
+        return _is_loop(s) or s in self.gather_indices
+
     def _name_of(self, s: sympy.Symbol) -> str:
+        if s in self.gather_indices:
+            return str(s)
         if _is_loop(s):
             self.used_vars.add(str(s))
             return str(s)
@@ -142,7 +149,7 @@ class TritonKernelCodegen(OpRenderer):
     def index(self, expr: object) -> str:
         e = self._flatten(sympy.expand(sympy.sympify(expr)))
         self._check_bound(e)
-        return triton_index(e, self._name_of, self.size, _is_loop)
+        return triton_index(e, self._name_of, self.size, self._is_block)
 
     def _flatten(self, e: sympy.Expr) -> sympy.Expr:
         zero = {v: 0 for v, s in zip(row_vars(len(self.rows)), self.rows) if s == 1}
@@ -192,7 +199,8 @@ class TritonKernelCodegen(OpRenderer):
         """The loop axes ("x", "r") an index varies along once size-1 dims are folded away:
         the shape of the block it gives (a load from a fixed element is a scalar)."""
         flat = self._flatten(sympy.expand(sympy.sympify(expr)))
-        return frozenset("r" if str(s).startswith("r") else "x" for s in flat.free_symbols if _is_loop(s))
+        axes = frozenset("r" if str(s).startswith("r") else "x" for s in flat.free_symbols if _is_loop(s))
+        return axes.union(*(self.gather_indices[s] for s in flat.free_symbols if s in self.gather_indices))
 
     def level_axes(self, level: str) -> frozenset[str]:
         return frozenset("xr") if self.reduction and level == "inner" else frozenset("x")
@@ -217,6 +225,12 @@ class TritonKernelCodegen(OpRenderer):
             index = self.index(body.expr)
             axes = self.axes(body.expr)
             text = f"({index}).to({TL[body.dtype]})" if axes else f"tl.full([], {index}, {TL[body.dtype]})"
+        elif isinstance(body, Load) and body.indirect:
+            index = self._gather_index(body, memo, local, w, recompute)
+            axes, mask = self.axes(index), self.mask(index)
+            text = f"tl.load({self.param(body.buffer, False)} + ({self.index(index)}){', ' + mask if mask else ''})"
+            if body.dtype == torch.bool:
+                text += ".to(tl.int1)"
         elif isinstance(body, Load):
             if body.buffer in local:
                 return local[body.buffer]
@@ -238,6 +252,28 @@ class TritonKernelCodegen(OpRenderer):
         memo[body] = name
         self.var_axes[name] = axes
         return name
+
+    def _gather_index(self, load: Load, memo: dict, local: dict[str, str], w: _Writer, recompute: dict) -> sympy.Expr:
+        """The load's index with each data-dependent position computed into a block: a position
+        out of range fails a device assert (checked where Triton checks them: debug builds and
+        the interpreter) and reads position 0 instead, so no lane reads outside the buffer."""
+        mapping = {}
+        for ind in load.indirect:
+            value = self.value(ind.value, memo, local, w, recompute)
+            axes = self.var_axes.get(value, frozenset())
+            name, size = self.tmp(), self.size(ind.size)
+            w.line(f"{name} = ({value}).to(tl.int64)")
+            inside = f"(0 <= {name}) & ({name} < {size})"
+            lanes = [m for m, a in (("xmask", "x"), ("rmask", "r")) if a in axes
+                     and (self.needs_xmask if a == "x" else self.reduction and self.needs_rmask)]
+            live = " & ".join(lanes)
+            w.line(f"tl.device_assert(({inside}){f' | ~({live})' if live else ''}, 'index out of range')")
+            w.line(f"{name} = tl.where({inside}, {name}, 0)")
+            self.var_axes[name] = axes
+            symbol = sympy.Symbol(name, integer=True)
+            self.gather_indices[symbol] = axes
+            mapping[ind.symbol] = symbol
+        return sympy.sympify(load.index).xreplace(mapping)
 
     def _block(self, var: str, dtype: torch.dtype, level: str) -> str:
         """`var` as a full block of the level's shape (a scalar, or a block along fewer axes,
@@ -528,7 +564,9 @@ class TritonKernelCodegen(OpRenderer):
             lines.append("from triton.language.extra import libdevice")
         lines.append("")
         lines += self.helper_sources()
-        lines += ["", "", "@triton.jit", f"def {self.name}({', '.join(params)}):"]
+        # a kernel that reads indices from data keeps its device asserts (debug), as Inductor's do
+        decorator = "@triton.jit(debug=True)" if self.gather_indices else "@triton.jit"
+        lines += ["", "", decorator, f"def {self.name}({', '.join(params)}):"]
         source = "\n".join(lines + head.lines + body.lines) + "\n"
         grid = (CeilDiv(self.xnumel, cfg.xblock) if not self.xnumel.is_Integer else sympy.Integer(-(-int(self.xnumel) // cfg.xblock)),)
         origins = ",".join(dict.fromkeys(m.node.origin for m in self.group.members if m.node.origin))
