@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from benchmarks.machine import MachineInfo
@@ -23,6 +23,7 @@ class Result:
     compile_s: float | None = None
     peak_bytes: int | None = None
     bytes_moved: int | None = None  # memory-bound workloads: inputs read once + outputs written once
+    round_times: list[float] = field(default_factory=list)  # each round's median (median_s: their median)
 
 
 @dataclass
@@ -35,12 +36,30 @@ class Report:
     workloads: dict[str, str]  # name -> sizes
     results: list[Result]
     elapsed_s: float = 0.0
+    rounds: int = 1
 
-    def eager_time(self, workload: str) -> float | None:
+    def time_of(self, workload: str, contender: str) -> float | None:
         for r in self.results:
-            if r.workload == workload and r.contender == "eager" and r.status == "ok":
+            if r.workload == workload and r.contender == contender and r.status == "ok":
                 return r.median_s
         return None
+
+    def eager_time(self, workload: str) -> float | None:
+        return self.time_of(workload, "eager")
+
+    def vs_torch_compile(self, r: Result) -> float | None:
+        """torch.compile's (default mode) time over this contender's: above 1 is faster."""
+        inductor = self.time_of(r.workload, "torch.compile")
+        if r.status != "ok" or inductor is None or not r.median_s or r.contender.startswith("torch.compile"):
+            return None
+        return inductor / r.median_s
+
+    @staticmethod
+    def spread(r: Result) -> float | None:
+        """Half the range of the per-round medians, relative to their median."""
+        if r.status != "ok" or len(r.round_times) < 2 or not r.median_s:
+            return None
+        return (max(r.round_times) - min(r.round_times)) / 2 / r.median_s
 
     def speedup(self, r: Result) -> float | None:
         eager = self.eager_time(r.workload)
@@ -111,11 +130,12 @@ def markdown(report: Report) -> str:
         ]
 
     lines += ["## Results", ""]
-    header = ["workload", "contender", "status", "median time", "vs eager", "cold compile", "peak memory", "% copy BW"]
-    lines += ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * 5) + "|"]
+    header = ["workload", "contender", "status", "median time", "± rounds", "vs eager", "vs torch.compile",
+              "cold compile", "peak memory", "% copy BW"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * 7) + "|"]
     for r in report.results:
         if r.status != "ok":
-            row = [r.workload, r.contender, STATUS_TEXT.get(r.status, r.status)] + ["—"] * 5
+            row = [r.workload, r.contender, STATUS_TEXT.get(r.status, r.status)] + ["—"] * 7
         else:
             peak = "n/a" if not on_cuda else _fmt(None if r.peak_bytes is None else r.peak_bytes / 2**20, ".1f", " MiB")
             fraction = report.bandwidth_fraction(r)
@@ -124,7 +144,9 @@ def markdown(report: Report) -> str:
                 r.contender,
                 "ok",
                 fmt_time(r.median_s),
+                _fmt(report.spread(r) and report.spread(r) * 100, ".0f", "%"),
                 _fmt(report.speedup(r), ".2f", "x"),
+                _fmt(report.vs_torch_compile(r), ".2f", "x"),
                 "—" if r.compile_s is None else f"{r.compile_s:.2f} s",
                 peak,
                 _fmt(fraction and fraction * 100, ".0f", "%"),
@@ -169,6 +191,12 @@ def markdown(report: Report) -> str:
         f"  times as many back-to-back calls as fill {plan['min_sample_s'] * 1e3:.0f} ms (at most"
         f" {plan['max_calls']}), with a device synchronize before and after, and divides by the count.",
         "  The median sample is reported.",
+        f"- **rounds**: the whole measurement of a workload (build, check, timing) runs {report.rounds} time(s),",
+        "  the contenders taking turns in each round, so slow drifts of the machine reach every",
+        "  contender alike. Reported: the median over rounds of each round's median time (**± rounds**:",
+        "  half the range of the per-round medians, relative to it), the median cold compile and",
+        "  the largest peak memory.",
+        "- **vs torch.compile**: torch.compile's (default mode) median time over the contender's.",
         "- **cold compile**: wall time from nothing to the first result: the build (`wrapgen.compile`;",
         "  `torch.compile` itself is lazy) plus the first synchronized call, with fresh caches —",
         "  torch.compile: `torch._dynamo.reset()`, Inductor's in-memory caches cleared,",
@@ -267,10 +295,12 @@ def write(report: Report, out_dir: Path, stem: str) -> list[Path]:
         "machine": report.info.as_dict(),
         "profile": report.profile,
         "plan": report.plan,
+        "rounds": report.rounds,
         "copy_bandwidth_bytes_per_s": report.copy_bandwidth,
         "workloads": report.workloads,
         "results": [
-            asdict(r) | {"speedup": report.speedup(r), "copy_bw_fraction": report.bandwidth_fraction(r)}
+            asdict(r) | {"speedup": report.speedup(r), "vs_torch_compile": report.vs_torch_compile(r),
+                         "copy_bw_fraction": report.bandwidth_fraction(r)}
             for r in report.results
         ],
     }

@@ -1,7 +1,7 @@
 """Run the benchmarks: every workload x every contender, then write the result files.
 
 python -m benchmarks.run --device cpu|cuda [--workloads a,b] [--contenders eager,wrapgen]
-                         [--repeats N] [--quick] [--out-dir DIR]
+                         [--repeats N] [--rounds N] [--quick] [--out-dir DIR]
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import gc
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -73,6 +74,28 @@ def bench_one(
     return result
 
 
+def combine_rounds(rounds: list[Result]) -> Result:
+    """One cell from its rounds: the first failure if any round failed; else the median of the
+    rounds' median times, the median cold compile and the largest peak memory."""
+    failed = next((r for r in rounds if r.status != "ok"), None)
+    if failed is not None:
+        if len(rounds) > 1:
+            failed.detail = f"round {rounds.index(failed) + 1} of {len(rounds)}: {failed.detail}"
+        return failed
+    first = rounds[0]
+    times = [r.median_s for r in rounds]
+    compiles = [r.compile_s for r in rounds if r.compile_s is not None]
+    peaks = [r.peak_bytes for r in rounds if r.peak_bytes is not None]
+    return Result(
+        first.workload, first.contender, "ok",
+        median_s=statistics.median(times),
+        compile_s=statistics.median(compiles) if compiles else None,
+        peak_bytes=max(peaks) if peaks else None,
+        bytes_moved=first.bytes_moved,
+        round_times=times,
+    )
+
+
 class _WarmUp(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(torch.tanh(x) @ x.T, dim=-1) + 1.0
@@ -102,12 +125,13 @@ def run_benchmarks(
     copy_buffer_bytes: int,
     progress: bool = True,
     warm: bool = True,
+    rounds: int = 1,
 ) -> Report:
     info = machine.collect(device)
     started = time.perf_counter()
     results: list[Result] = []
     cache_root = tempfile.mkdtemp(prefix="wrapgen-bench-")
-    bar = tqdm(total=len(chosen) * len(contenders) + 2, disable=not progress, unit="run", file=sys.stderr)
+    bar = tqdm(total=len(chosen) * len(contenders) * rounds + 2, disable=not progress, unit="run", file=sys.stderr)
     try:
         bar.set_description("warm-up")
         for contender in contenders if warm else ():
@@ -125,15 +149,20 @@ def run_benchmarks(
                 for contender in contenders:
                     detail = f"building the workload failed: {type(error).__name__}: {error}"
                     results.append(Result(workload.name, contender.name, "error", detail))
-                    bar.update()
+                    bar.update(rounds)
                 measure.release(device)
                 continue
-            for contender in contenders:
-                bar.set_description(f"{workload.name} / {contender.name}")
-                results.append(bench_one(workload, contender, model, inputs, reference, device, plan, cache_root))
-                torch._dynamo.reset()
-                measure.release(device)
-                bar.update()
+            cells: dict[str, list[Result]] = {c.name: [] for c in contenders}
+            for round_index in range(rounds):
+                for contender in contenders:
+                    bar.set_description(f"{workload.name} / {contender.name}"
+                                        + (f" (round {round_index + 1}/{rounds})" if rounds > 1 else ""))
+                    cells[contender.name].append(
+                        bench_one(workload, contender, model, inputs, reference, device, plan, cache_root))
+                    torch._dynamo.reset()
+                    measure.release(device)
+                    bar.update()
+            results += [combine_rounds(cell) for cell in cells.values()]
             del model, inputs, reference
             gc.collect()
             measure.release(device)
@@ -154,6 +183,7 @@ def run_benchmarks(
         workloads={w.name: w.size_text(profile) for w in chosen},
         results=results,
         elapsed_s=time.perf_counter() - started,
+        rounds=rounds,
     )
 
 
@@ -167,6 +197,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="comma-separated subset, e.g. 'wrapgen' or 'torch.compile,wrapgen[python]' (eager always runs)",
     )
     parser.add_argument("--repeats", type=int, default=None, help="timed samples per contender (default 10; 3 quick)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="whole measurements per cell, contenders taking turns; medians reported (default 3; 1 quick)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) (default: torch's)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, few repeats, no warm-up: a smoke run")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR, help=f"default: {RESULTS_DIR}")
@@ -178,6 +210,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--device cuda: no CUDA device is available")
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.rounds is not None and args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be at least 1")
     return args
@@ -200,8 +234,10 @@ def main(argv: Sequence[str] | None = None, extra_contenders: Sequence[Contender
     else:
         plan = TimingPlan(repeats=args.repeats or 10)
         profile, copy_bytes = args.device, COPY_BUFFER_BYTES[args.device]
+    rounds = args.rounds or (1 if args.quick else 3)
     result = run_benchmarks(
-        args.device, chosen, contenders, plan, profile, copy_bytes, not args.no_progress, warm=not args.quick
+        args.device, chosen, contenders, plan, profile, copy_bytes, not args.no_progress, warm=not args.quick,
+        rounds=rounds,
     )
     suffix = (f"-threads{args.threads}" if args.threads else "") + ("-quick" if args.quick else "")
     stem = machine.file_stem(result.info, suffix)

@@ -16,6 +16,7 @@ if str(ROOT) not in sys.path:  # `benchmarks` is a top-level package of the repo
 
 from benchmarks import contenders, run, workloads  # noqa: E402
 from benchmarks.contenders import Contender  # noqa: E402
+from benchmarks.report import Report, Result  # noqa: E402
 
 
 def _raises_at_build(model, inputs):
@@ -51,6 +52,7 @@ def test_quick_run_writes_files_and_reports_failures(tmp_path: Path) -> None:
         "--workloads=softmax,tiny_chain_50",
         "--contenders=wrapgen",
         "--repeats=1",
+        "--rounds=2",
         f"--out-dir={tmp_path}",
         "--no-progress",
     ]
@@ -71,6 +73,8 @@ def test_quick_run_writes_files_and_reports_failures(tmp_path: Path) -> None:
         assert status[workload, "broken_call"]["status"] == "error"
         assert status[workload, "wrong_answer"]["status"] == "wrong"
         assert status[workload, "wrong_answer"]["median_s"] is None  # failures are not timed
+        assert status[workload, "broken_call"]["detail"].startswith("round 1 of 2: ")
+        assert len(status[workload, "wrapgen[python]"]["round_times"]) == 2  # contenders took turns twice
     assert status["softmax", "eager"]["copy_bw_fraction"] is not None  # memory-bound workload
     assert status["tiny_chain_50", "eager"]["copy_bw_fraction"] is None
 
@@ -78,6 +82,18 @@ def test_quick_run_writes_files_and_reports_failures(tmp_path: Path) -> None:
     assert "| softmax | broken_build | ERROR" in markdown
     assert "| tiny_chain_50 | wrong_answer | WRONG" in markdown
     assert f"| torch | {torch.__version__} |" in markdown
+
+
+def test_rounds_combine_into_medians_and_keep_failures() -> None:
+    def cell(status: str, seconds: float | None = None, compile_s: float | None = None, peak: int | None = None):
+        return Result("softmax", "wrapgen[python]", status, "boom" if status != "ok" else "", seconds, compile_s, peak)
+
+    combined = run.combine_rounds([cell("ok", 3.0, 1.0, 10), cell("ok", 1.0, 5.0, 30), cell("ok", 2.0, 2.0, 20)])
+    assert (combined.median_s, combined.compile_s, combined.peak_bytes) == (2.0, 2.0, 30)
+    assert combined.round_times == [3.0, 1.0, 2.0]
+    assert Report.spread(combined) == 0.5
+    failed = run.combine_rounds([cell("ok", 1.0), cell("wrong")])
+    assert failed.status == "wrong" and failed.detail == "round 2 of 2: boom"
 
 
 def test_selection_rejects_unknown_names() -> None:

@@ -8,6 +8,7 @@ Each case compiles a real shared library with g++ (cached by content within the 
 from __future__ import annotations
 
 import re
+import shutil
 
 import pytest
 import torch
@@ -302,3 +303,16 @@ def test_gpu_kernel_launch_is_emitted_through_the_driver_loader():
     assert "(wrapgen::cuda::aligned16(a0) ? wg_cuda_triton_k0 : wg_cuda_triton_k0_unaligned).launch(0, 1, 1, 1, cuda_stream_0, {&a0, &a1, &a2});" in source
     assert "extern const wrapgen::cuda::Kernel wg_cuda_triton_k0_unaligned;" in source
     assert emitter.devices_used == {"cuda"}
+
+
+def test_build_survives_a_deleted_cache_directory(tmp_path) -> None:
+    """A cache directory removed between builds (as the benchmarks remove their temporary one)
+    is filled again, never referenced: the precompiled runtime header is looked up per build."""
+    x = torch.randn(4, 8)
+    first = tmp_path / "first"
+    with wrapgen.config.patch(cache_dir=str(first)):
+        wrapgen.compile(lambda t: torch.relu(t) + 1, (x,), target="cpp")
+    shutil.rmtree(first)
+    with wrapgen.config.patch(cache_dir=str(tmp_path / "second")):
+        compiled = wrapgen.compile(lambda t: torch.tanh(t) * 2, (x,), target="cpp")
+    torch.testing.assert_close(compiled(x), torch.tanh(x) * 2)

@@ -77,16 +77,21 @@ def _includes() -> list[str]:
     return [f"-I{runtime_include_dir()}", *(f"-I{d}" for d in torch_include_dirs())]
 
 
-@functools.cache
+_pch_failed: set[Path] = set()  # folders where the compiler could not make the header
+
+
 def precompiled_header(flags: tuple[str, ...] = ()) -> Path | None:
     """The runtime header, precompiled once per cache and set of extra flags (halves each
-    wrapper's compile time); None if the compiler cannot make one."""
+    wrapper's compile time); None if the compiler cannot make one. Looked up on every build,
+    not remembered: the cache directory can change (config.cache_dir) or be deleted."""
     key = _digest(_PCH_SOURCE, _runtime_digest(), " ".join(WRAPPER_FLAGS + flags), kernel_build.compiler_id(), torch.__version__)
     folder = cache_root() / "cpp_pch" / key
     header = folder / "wg_pch.h"
     gch = folder / "wg_pch.h.gch"
     if gch.exists():
         return header
+    if folder in _pch_failed:
+        return None
     folder.mkdir(parents=True, exist_ok=True)
     if not header.exists():
         header.write_text(_PCH_SOURCE)
@@ -97,6 +102,7 @@ def precompiled_header(flags: tuple[str, ...] = ()) -> Path | None:
              "precompiling the runtime header")
     except ModelBuildError:
         os.remove(tmp)
+        _pch_failed.add(folder)
         return None
     os.replace(tmp, gch)
     return header

@@ -39,18 +39,26 @@ class KernelCompileError(RuntimeError):
 
 
 @functools.cache
-def compiler_id() -> str:
-    """Compiler version and the host CPU's feature flags (what -march=native resolves to)."""
-    version = subprocess.run([CXX, "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
-    flags = ""
+def _cpu_flags_line() -> str:
+    """The host CPU's feature flags as /proc/cpuinfo lists them ("" where it cannot be read)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                flags = line
-                break
+                return line
     except OSError:
         pass
-    return f"{version}|{platform.machine()}|{hashlib.sha256(flags.encode()).hexdigest()[:16]}"
+    return ""
+
+
+@functools.cache
+def compiler_id() -> str:
+    """Compiler version and the host CPU's feature flags (what -march=native resolves to)."""
+    version = subprocess.run([CXX, "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
+    return f"{version}|{platform.machine()}|{hashlib.sha256(_cpu_flags_line().encode()).hexdigest()[:16]}"
+
+
+def has_avx512() -> bool:
+    return "avx512f" in _cpu_flags_line().split()
 
 
 @functools.cache
@@ -60,7 +68,11 @@ def use_mvec() -> bool:
 
 
 def compile_flags() -> tuple[str, ...]:
-    return BASE_FLAGS + (("-DWG_MVEC",) if use_mvec() else ())
+    # On AVX-512 CPUs gcc's -march=native still prefers 256-bit vectors; 512-bit ones (what
+    # Inductor's at::vec uses there) measured faster on the H100 host's Xeon (pointwise_chain
+    # 7.2 -> 5.6 ms, layernorm_gelu 5.6 -> 5.4 ms, 16 threads).
+    wide = ("-mprefer-vector-width=512",) if has_avx512() else ()
+    return BASE_FLAGS + wide + (("-DWG_MVEC",) if use_mvec() else ())
 
 
 def _folder() -> Path:
