@@ -28,7 +28,7 @@ clean:
 	rm -rf $(VENV) build .pytest_cache
 
 # Benchmarks: eager vs torch.compile vs every wrapgen target; writes benchmarks/results/bench-<device>-*.{md,png,json}.
-# BENCH_ARGS, e.g. "--device cpu --workloads softmax,mlp --repeats 5" or "--quick".
+# BENCH_ARGS, e.g. "--device cpu --workloads softmax,mlp --rounds 1" or "--quick" (default: 3 rounds, medians reported).
 bench: $(STAMP)
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
 

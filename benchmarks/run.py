@@ -155,6 +155,10 @@ def run_benchmarks(
             cells: dict[str, list[Result]] = {c.name: [] for c in contenders}
             for round_index in range(rounds):
                 for contender in contenders:
+                    tried = cells[contender.name]
+                    if tried and tried[-1].status != "ok":  # failed once: reported, not retried
+                        bar.update()
+                        continue
                     bar.set_description(f"{workload.name} / {contender.name}"
                                         + (f" (round {round_index + 1}/{rounds})" if rounds > 1 else ""))
                     cells[contender.name].append(
