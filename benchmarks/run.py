@@ -74,13 +74,15 @@ def bench_one(
     return result
 
 
-def combine_rounds(rounds: list[Result]) -> Result:
-    """One cell from its rounds: the first failure if any round failed; else the median of the
-    rounds' median times, the median cold compile and the largest peak memory."""
+def combine_rounds(rounds: list[Result], planned: int | None = None) -> Result:
+    """One cell from its rounds (`planned` of them, a failed contender stops early): the failure
+    if a round failed; else the median of the rounds' median times, the median cold compile and
+    the largest peak memory."""
+    planned = planned or len(rounds)
     failed = next((r for r in rounds if r.status != "ok"), None)
     if failed is not None:
-        if len(rounds) > 1:
-            failed.detail = f"round {rounds.index(failed) + 1} of {len(rounds)}: {failed.detail}"
+        if planned > 1:
+            failed.detail = f"round {rounds.index(failed) + 1} of {planned}: {failed.detail}"
         return failed
     first = rounds[0]
     times = [r.median_s for r in rounds]
@@ -166,7 +168,7 @@ def run_benchmarks(
                     torch._dynamo.reset()
                     measure.release(device)
                     bar.update()
-            results += [combine_rounds(cell) for cell in cells.values()]
+            results += [combine_rounds(cell, rounds) for cell in cells.values()]
             del model, inputs, reference
             gc.collect()
             measure.release(device)

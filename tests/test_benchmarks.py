@@ -18,8 +18,11 @@ from benchmarks import contenders, run, workloads  # noqa: E402
 from benchmarks.contenders import Contender  # noqa: E402
 from benchmarks.report import Report, Result  # noqa: E402
 
+BUILDS_THAT_RAISED: list[str] = []
+
 
 def _raises_at_build(model, inputs):
+    BUILDS_THAT_RAISED.append(type(model).__name__)
     raise RuntimeError("broken at build")
 
 
@@ -56,7 +59,9 @@ def test_quick_run_writes_files_and_reports_failures(tmp_path: Path) -> None:
         f"--out-dir={tmp_path}",
         "--no-progress",
     ]
+    BUILDS_THAT_RAISED.clear()
     paths = run.main(argv, extra_contenders=BROKEN)
+    assert len(BUILDS_THAT_RAISED) == 2  # once per workload: a failed contender is not retried next round
 
     assert sorted(p.suffix for p in paths) == [".json", ".md", ".png"]
     for path in paths:
