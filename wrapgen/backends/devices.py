@@ -99,6 +99,13 @@ def returns_status(kernel) -> bool:
     return bool(dict(kernel.metadata).get(STATUS_KEY, False))
 
 
+def out_of_range_message(kernel) -> str:
+    """What a caller raises when `kernel` (one that `returns_status`) reports a bad index."""
+    from wrapgen.kernels.cpp.codegen import OUT_OF_RANGE
+
+    return f"{kernel.name}: {OUT_OF_RANGE}"
+
+
 def triton_kernel_loader(kernels: list) -> list[str]:
     """Compile the program's Triton kernels at import and bind one launcher per kernel. Sources
     and metadata are embedded with repr(), which is safe for any text."""
@@ -143,8 +150,7 @@ class CpuOverrides(DeviceOverrides):
         # The kernel is a C function in the same library: a plain call.
         call = f"{kernel.name}({', '.join(a for a, _ in args)})"
         if returns_status(kernel):
-            message = f"{kernel.name}: an index read from tensor data is out of range"
-            return [f'if ({call} != 0) throw wrapgen::Error(WG_INDEX_OUT_OF_RANGE, "{message}");']
+            return [f'if ({call} != 0) throw wrapgen::Error(WG_INDEX_OUT_OF_RANGE, "{out_of_range_message(kernel)}");']
         return [f"{call};"]
 
     def python_kernel_launch(self, kernel, args: list[tuple[str, bool]], grid: list[str]) -> str:
@@ -153,7 +159,7 @@ class CpuOverrides(DeviceOverrides):
         # ctypes call of the bound C function: tensors as data pointers (storage offset included).
         call = f"{kernel.name}({', '.join(f'{a}.data_ptr()' if is_tensor else a for a, is_tensor in args)})"
         if returns_status(kernel):
-            return f"if {call}: raise IndexError({kernel.name + ': an index read from tensor data is out of range'!r})"
+            return f"if {call}: raise IndexError({out_of_range_message(kernel)!r})"
         return call
 
 

@@ -394,6 +394,7 @@ ARG_REDUCTIONS = ("argmax", "argmin")
 # KernelDefinition metadata of a C++ kernel that returns an int64 status (nonzero: an index
 # read from data was out of range); callers check it and raise IndexError
 STATUS_KEY = "returns_status"
+OUT_OF_RANGE = "an index read from tensor data is out of range"  # what callers raise on a nonzero status
 
 
 def _flat_reduced_index(group: FusionGroup) -> sympy.Expr:

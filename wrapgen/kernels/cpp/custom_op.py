@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from wrapgen.kernels.cpp.build import build_library
+from wrapgen.kernels.cpp.codegen import OUT_OF_RANGE
 
 SCHEMA = "cpp_kernel(str library, str kernel, str order, Tensor[] reads, Tensor(a!)[] writes, SymInt[] ints) -> ()"
 
@@ -63,7 +64,7 @@ def _launcher(path: str, kernel: str, order: str) -> Callable[[list, list, list]
             )
         r, w, i = iter(reads), iter(writes), iter(ints)
         if fn(*[next(r).data_ptr() if c == "r" else next(w).data_ptr() if c == "w" else next(i) for c in order]) and checked:
-            raise IndexError(f"{kernel}: an index read from tensor data is out of range")
+            raise IndexError(f"{kernel}: {OUT_OF_RANGE}")
 
     return launch
 
