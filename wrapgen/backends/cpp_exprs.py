@@ -181,7 +181,7 @@ def cpp_double_expr(expr: object) -> str:
             return inner if isinstance(e, SymF.ToFloat) else f"std::trunc({inner})"
         if isinstance(e, (SymF.FloatTrueDiv, SymF.IntTrueDiv)):
             return f"({go(e.args[0])} / {go(e.args[1])})"
-        if isinstance(e, SymF.FloatPow) or (isinstance(e, sympy.Pow)):
+        if isinstance(e, (SymF.FloatPow, sympy.Pow)):
             return f"std::pow({go(e.args[0])}, {go(e.args[1])})"
         if isinstance(e, sympy.Add):
             return "(" + " + ".join(go(t) for t in e.args) + ")"

@@ -30,6 +30,7 @@ from wrapgen.backends.cpp_exprs import (
     cpp_expr,
     cpp_float,
     cpp_int,
+    cpp_int_list,
     cpp_string,
     device_index,
     device_type_code,
@@ -481,12 +482,11 @@ class ExternWriter:
             code = self.write(empty)
             code.shims.add(shim)
         else:
-            ints = ", ".join
             code = CallCode(shims={"aoti_torch_empty_strided", shim, dtype_code(result.dtype).removesuffix("()"),
                                    device_type_code(result.device).removesuffix("()")})
             code.lines.append(
-                f"t_{line.name} = wrapgen::empty_strided({{{ints(cpp_expr(v) for v in result.sizes)}}}, "
-                f"{{{ints(cpp_expr(v) for v in strides)}}}, {dtype_code(result.dtype)}, "
+                f"t_{line.name} = wrapgen::empty_strided({cpp_int_list(result.sizes)}, "
+                f"{cpp_int_list(strides)}, {dtype_code(result.dtype)}, "
                 f"{device_type_code(result.device)}, {device_index(result.device)});"
             )
         code.lines.append(f"wrapgen::check({shim}(t_{line.name}.get(), {number}), {cpp_string(shim)});")

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from wrapgen.kernels.cpp.codegen import OUT_OF_RANGE, STATUS_KEY
+
 
 @dataclass(frozen=True)
 class DeviceOverrides:
@@ -94,15 +96,11 @@ class DeviceOverrides:
 def returns_status(kernel) -> bool:
     """Whether a C++ kernel (its KernelDefinition) returns a status to check: nonzero when an
     index it read from tensor data was out of range (see kernels/cpp/codegen.py)."""
-    from wrapgen.kernels.cpp.codegen import STATUS_KEY
-
     return bool(dict(kernel.metadata).get(STATUS_KEY, False))
 
 
 def out_of_range_message(kernel) -> str:
     """What a caller raises when `kernel` (one that `returns_status`) reports a bad index."""
-    from wrapgen.kernels.cpp.codegen import OUT_OF_RANGE
-
     return f"{kernel.name}: {OUT_OF_RANGE}"
 
 

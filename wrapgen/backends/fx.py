@@ -24,7 +24,7 @@ import torch
 import torch.fx
 
 from wrapgen.backends import fx_runtime
-from wrapgen.backends.devices import device_overrides, kernel_device
+from wrapgen.backends.devices import device_overrides, kernel_device, returns_status
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
 from wrapgen.backends.fx_exprs import ExpressionError, ExpressionNodes, Value, is_integer_expression
 from wrapgen.backends.python_runtime import check_arg_count, resolve_op
@@ -321,8 +321,6 @@ class FxEmitter(Emitter):
                 ints.append(self.value(arg))
             else:
                 self.refuse(f"argument {arg!r} of a C++ kernel is neither a tensor nor an integer")
-        from wrapgen.backends.devices import returns_status
-
         status = "!" if returns_status(definition) else ""  # the op raises IndexError on a nonzero status
         args = (self.cpp_library, line.kernel, status + "".join(order), reads, writes, ints)
         self.node(cpp_kernel, args, name=line.kernel)

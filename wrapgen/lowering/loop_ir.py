@@ -30,6 +30,12 @@ def red_vars(n: int) -> tuple[sympy.Symbol, ...]:
     return tuple(loop_var("r", d) for d in range(n))
 
 
+def is_loop_var(symbol: sympy.Symbol, prefixes: str = "xr") -> bool:
+    """Whether `symbol` is a loop variable (`loop_var`) with one of `prefixes`."""
+    name = str(symbol)
+    return name[:1] in prefixes and name[1:].isdigit()
+
+
 @dataclass(frozen=True)
 class Indirect:
     """An index read from tensor data (a gather: embedding, index_select): `symbol` stands, in

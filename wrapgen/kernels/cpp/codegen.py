@@ -22,7 +22,7 @@ import torch
 from wrapgen.kernels.cpp.printer import cpp_index
 from wrapgen.kernels.cpp.row_cache import plan_row_cache
 from wrapgen.kernels.segments import in_place_pairs, read_in_later_segment, segments
-from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, Load, red_vars, row_vars
+from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, Load, is_loop_var, red_vars, row_vars
 from wrapgen.lowering.scheduler import FusionGroup, Member
 
 PARALLEL_THRESHOLD = 32768
@@ -182,7 +182,7 @@ class CppKernelCodegen:
     def index(self, expr: object) -> str:
         e = sympy.sympify(expr)
         text = cpp_index(e, hoist=self.size)
-        self.symbols |= {s for s in e.free_symbols if not _is_loop_var(s) and s not in self.gather_indices}
+        self.symbols |= {s for s in e.free_symbols if not is_loop_var(s) and s not in self.gather_indices}
         return text
 
     def size(self, expr: object) -> str:
@@ -413,11 +413,6 @@ def _extreme(dtype: torch.dtype, kind: str) -> str:
     if dtype.is_floating_point:
         return f"{'-' if kind == 'max' else ''}std::numeric_limits<{t}>::infinity()"
     return f"std::numeric_limits<{t}>::{'lowest' if kind == 'max' else 'max'}()"
-
-
-def _is_loop_var(s: sympy.Symbol) -> bool:
-    name = str(s)
-    return name[:1] in ("x", "r") and name[1:].isdigit()
 
 
 def generate_cpp(group: FusionGroup, name: str, needed: set[str], dtypes: dict[str, torch.dtype],

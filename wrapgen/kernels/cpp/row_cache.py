@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from wrapgen.lowering.loop_ir import Apply, Body, IndexValue, Load, walk
+from wrapgen.lowering.loop_ir import Apply, Body, IndexValue, Load, is_loop_var, walk
 
 ROW_CACHE_BYTES = 64 * 1024  # per thread, on the stack; fits L2 comfortably
 
@@ -85,11 +85,6 @@ def _expensive(body: Body) -> bool:
 def _varies_along_row(body: Body) -> bool:
     for n in walk(body):
         expr = n.index if isinstance(n, Load) else n.expr if isinstance(n, IndexValue) else None
-        if expr is not None and any(_is_reduction_var(s) for s in sympy.sympify(expr).free_symbols):
+        if expr is not None and any(is_loop_var(s, "r") for s in sympy.sympify(expr).free_symbols):
             return True
     return False
-
-
-def _is_reduction_var(symbol: sympy.Symbol) -> bool:
-    name = str(symbol)
-    return name[:1] == "r" and name[1:].isdigit()

@@ -31,7 +31,7 @@ from wrapgen.kernels.cpp.codegen import GeneratedKernel
 from wrapgen.kernels.segments import in_place_pairs, segments
 from wrapgen.kernels.triton.ops import ARG_REDUCTIONS, TL, OpRenderer, literal
 from wrapgen.kernels.triton.printer import triton_index
-from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, Load, loads, red_vars, row_vars
+from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, Load, is_loop_var, loads, red_vars, row_vars
 from wrapgen.lowering.scheduler import FusionGroup, Member
 
 PERSISTENT_LIMIT = 8192
@@ -42,8 +42,7 @@ XFLAT = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RFLAT = sympy.Symbol("rindex", integer=True, nonnegative=True)
 
 def _is_loop(s: sympy.Symbol) -> bool:
-    name = str(s)
-    return s in (XFLAT, RFLAT) or (name[:1] in ("x", "r") and name[1:].isdigit())
+    return s in (XFLAT, RFLAT) or is_loop_var(s)
 
 
 def _next_pow2(n: int) -> int:
