@@ -93,9 +93,8 @@ def fresh_wrapgen_cache(root: str) -> Iterator[None]:
         yield
 
 
-def _wrapgen(target: str, memory_planning: str | None = None) -> Build:
+def _wrapgen(target: str, **options: Any) -> Build:
     def build(model: nn.Module, inputs: tuple) -> Callable[..., Any]:
-        options = {"memory_planning": memory_planning} if memory_planning else {}
         with wrapgen.config.patch(**options):
             return wrapgen.compile(model, inputs, target=target)
 
@@ -118,7 +117,13 @@ def default_contenders(device: str) -> list[Contender]:
     for target in wrapgen.backends.registered_backends():
         contenders.append(Contender(f"wrapgen[{target}]", _wrapgen(target), fresh_wrapgen_cache))
     # The default memory plan is buffer reuse; the pooled plan is measured beside it once.
-    contenders.append(Contender("wrapgen[python+pooled]", _wrapgen("python", "pooled"), fresh_wrapgen_cache))
+    contenders.append(Contender("wrapgen[python+pooled]", _wrapgen("python", memory_planning="pooled"), fresh_wrapgen_cache))
+    if device == "cpu":
+        # Large CPU buffers are advised onto huge pages by default; this row shows the kernels
+        # and wrapper without that advice, on the 4 KiB pages every other contender gets.
+        contenders.append(
+            Contender("wrapgen[python+4k-pages]", _wrapgen("python", cpu_huge_pages=False), fresh_wrapgen_cache)
+        )
     return contenders
 
 

@@ -34,6 +34,18 @@ def _triton_version() -> str | None:
     return getattr(triton, "__version__", None)
 
 
+def _huge_pages() -> str:
+    """Linux's transparent-huge-page mode and whether torch's CPU allocator asks for huge pages
+    itself (THP_MEM_ALLOC_ENABLE): both change the cost of every fresh large CPU buffer."""
+    try:
+        mode = re.search(r"\[(\w+)\]", Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text())
+    except OSError:
+        mode = None
+    allocator = os.environ.get("THP_MEM_ALLOC_ENABLE", "")
+    torch_thp = "on" if allocator.lower() in ("1", "true", "on", "yes") else "off"
+    return f"THP {mode.group(1) if mode else 'unavailable'}; torch THP_MEM_ALLOC_ENABLE {torch_thp}"
+
+
 def _git_commit() -> str | None:
     root = Path(__file__).resolve().parent.parent
     try:
@@ -62,6 +74,7 @@ class MachineInfo:
     cpu: str
     cores: int
     torch_threads: int
+    huge_pages: str
     gpu: str | None
     cuda: str | None
     python: str
@@ -90,6 +103,7 @@ def collect(device: str) -> MachineInfo:
         cpu=_cpu_model(),
         cores=os.cpu_count() or 0,
         torch_threads=torch.get_num_threads(),
+        huge_pages=_huge_pages(),
         gpu=gpu,
         cuda=torch.version.cuda if device == "cuda" else None,
         python=platform.python_version(),
@@ -110,4 +124,6 @@ def file_stem(info: MachineInfo, suffix: str = "") -> str:
     if info.triton:
         parts.append(f"triton{_slug(info.triton)}")
     parts.append(f"wrapgen{_slug(info.wrapgen)}")
+    if info.device == "cpu" and info.huge_pages.endswith("THP_MEM_ALLOC_ENABLE on"):
+        parts.append("torch-thp")  # every contender's buffers on huge pages: a separate result
     return "-".join(parts) + suffix

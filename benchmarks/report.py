@@ -108,6 +108,7 @@ def markdown(report: Report) -> str:
         f"| date | {info.date} {info.time} |",
         f"| machine | {info.hostname} |",
         f"| CPU | {info.cpu} ({info.cores} logical cores; torch threads: {info.torch_threads}) |",
+        f"| huge pages | {info.huge_pages} |",
     ]
     if on_cuda:
         lines.append(f"| GPU | {info.gpu} (CUDA {info.cuda}) |")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from wrapgen.backends import huge_pages
 from wrapgen.kernels.cpp.codegen import OUT_OF_RANGE, STATUS_KEY
 
 
@@ -33,6 +34,11 @@ class DeviceOverrides:
     def python_allocate(self, sizes: str, strides: str, dtype: str, device: str) -> str:
         """A Python expression that allocates an uninitialized strided tensor."""
         return f"_empty_strided({sizes}, {strides}, dtype={dtype}, device={device})"
+
+    def allocation_advice(self, t) -> object | None:
+        """Bytes (a sympy expression of the size symbols) of a fresh buffer of TensorType `t` to
+        advise huge pages for right after allocating it, or None for no advice."""
+        return None
 
     def python_call_entry(self, index: int | None) -> list[str]:
         """Statements at the very start of `call` (before its arguments are unpacked) for a
@@ -121,6 +127,10 @@ class CpuOverrides(DeviceOverrides):
     def python_allocate(self, sizes: str, strides: str, dtype: str, device: str) -> str:
         # torch's C++ fast path for CPU allocations: no Python argument parsing.
         return f"empty_strided_cpu({sizes}, {strides}, {dtype})"
+
+    def allocation_advice(self, t) -> object | None:
+        # Large fresh buffers fault in 2 MiB at a time instead of 4 KiB (huge_pages.py).
+        return huge_pages.advised_bytes(t)
 
     def kernel_languages(self) -> tuple[str, ...]:
         from wrapgen.kernels.triton import compat

@@ -5,7 +5,8 @@ The graph takes the program's inputs as placeholders (called like the Python tar
 computes every size expression once (fx_exprs), and turns each line into nodes a consumer can
 read: `torch.empty_strided` allocations, `torch.as_strided` views for reused and pooled
 buffers, ATen op calls, `operator.getitem`, C++ kernels as the `wrapgen::cpp_kernel` op,
-Triton kernels as `triton_kernel_wrapper_mutation`, and fx_runtime's checks and frees.
+Triton kernels as `triton_kernel_wrapper_mutation`, and fx_runtime's checks, frees and
+huge-page advice for large CPU buffers.
 Each node's `meta["wrapgen_line"]` names the line it came from.
 
 Subclasses override `compile_graph(gm)` to hand the graph to their own compiler (the
@@ -222,6 +223,9 @@ class FxEmitter(Emitter):
             {"dtype": t.dtype, "device": t.device},
             name=line.name,
         )
+        advised = device_overrides(t.device).allocation_advice(t)
+        if advised is not None:
+            self.node(fx_runtime.advise_huge_pages, (node, self.exprs.value(advised)))
         self.allocated.add(line.name)
         self.define(line.name, node)
 

@@ -78,3 +78,10 @@ def free(*values: object) -> None:
     (GraphModule code sets a value to None after its last use); a consumer that schedules
     the graph itself sees the release point as this node.
     """
+
+
+@_side_effectful
+def advise_huge_pages(buffer: torch.Tensor, nbytes: int) -> None:
+    """Back the fresh CPU `buffer` with transparent huge pages before it is first written
+    (wrapgen/backends/huge_pages.py); advice only, the buffer's contents are untouched."""
+    python_runtime.advise_huge_pages(buffer, nbytes)

@@ -151,8 +151,8 @@ class PythonEmitter(Emitter):
             "import math  # size expressions can print as math.floor / math.ceil (PythonPrinter)",
             "import torch",
             "from wrapgen.backends.python_runtime import (",
-            "    INF, NAN, assert_finite, benchmark, check_arg_count, current_cuda_device, empty_strided_cpu,",
-            "    empty_strided_cuda, example_tensor,",
+            "    INF, NAN, advise_huge_pages, assert_finite, benchmark, check_arg_count, current_cuda_device,",
+            "    empty_strided_cpu, empty_strided_cuda, example_tensor,",
             "    input_mismatch, op_callable, scalar_mismatch, symbol_out_of_range,",
             ")",
             "",
@@ -257,6 +257,9 @@ class PythonEmitter(Emitter):
         allocate = type(overrides).python_allocate if t.device.type in self.single_device_types else DeviceOverrides.python_allocate
         allocation = allocate(overrides, py_tuple(t.sizes), py_tuple(t.strides or ()), str(t.dtype), self.device_handle(t.device))
         self.writeline(f"{line.name} = {allocation}")
+        advised = overrides.allocation_advice(t)
+        if advised is not None:
+            self.writeline(f"advise_huge_pages({line.name}, {py_expr(advised)})")
 
     def emit_reuse_buffer(self, line: ReuseBuffer) -> None:
         t, source = line.type, self.types.get(line.source)

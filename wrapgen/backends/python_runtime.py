@@ -12,6 +12,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+# Re-exported for generated modules (the explicit `as` marks the re-export).
+from wrapgen.backends.huge_pages import advise_huge_pages as advise_huge_pages
+
 
 class InputMismatchError(ValueError):
     """A compiled program was called with an input it was not compiled for."""

@@ -20,6 +20,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #if __has_include(<torch/csrc/stable/c/shim.h>)
 #include <torch/csrc/stable/c/shim.h>
@@ -177,6 +181,24 @@ inline Tensor empty_strided(
           static_cast<int64_t>(sizes.size()), sizes.begin(), strides.begin(), dtype, device_type, device_index, &out),
       "aoti_torch_empty_strided");
   return Tensor(out);
+}
+
+// Ask Linux to back the whole 2 MiB-aligned pages inside a fresh CPU buffer with transparent
+// huge pages before anything writes it: its first writes then fault in 2 MiB at a time instead
+// of 4 KiB (wrapgen/backends/huge_pages.py says why). Advice only: an error (no THP in this
+// kernel) leaves the buffer as it was.
+inline void advise_huge_pages(void* data, int64_t nbytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+  if (nbytes < static_cast<int64_t>(kHugePage)) return;
+  const uintptr_t start = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t first = (start + kHugePage - 1) & ~(kHugePage - 1);
+  const uintptr_t end = (start + static_cast<uintptr_t>(nbytes)) & ~(kHugePage - 1);
+  if (end > first) (void)madvise(reinterpret_cast<void*>(first), end - first, MADV_HUGEPAGE);
+#else
+  (void)data;
+  (void)nbytes;
+#endif
 }
 
 // A view of `source`'s storage; `offset` is relative to the source's storage offset.
