@@ -10,7 +10,7 @@ import sympy
 import torch
 
 import wrapgen
-from wrapgen.backends.huge_pages import HUGE_PAGE_BYTES, advise_huge_pages, advised_bytes
+from wrapgen.backends.huge_pages import HUGE_PAGE_BYTES, advise_huge_pages, advised_bytes, whole_huge_pages
 from wrapgen.wrapper_ir.values import TensorType
 
 TARGETS = ("python", "fx", "cpp")
@@ -80,12 +80,17 @@ def test_advised_bytes_is_the_storage_extent() -> None:
         assert advised_bytes(TensorType(torch.float32, cpu, (4096, 4096), (4096, 1))) is None
 
 
-@needs_thp
 def test_advice_covers_only_whole_huge_pages_inside_the_buffer() -> None:
+    page = HUGE_PAGE_BYTES
+    assert whole_huge_pages(page + 64, 3 * page) == (2 * page, 4 * page)
+    assert whole_huge_pages(page, 3 * page) == (page, 4 * page)
+    assert whole_huge_pages(page + 64, 2 * page - 128) is None  # ends 64 bytes short of a whole page
+    assert whole_huge_pages(page - 1, page + 1) == (page, 2 * page)
+
+
+@needs_thp
+def test_advice_marks_the_buffer_mapping() -> None:
     buffer = torch.empty(3 * HUGE_PAGE_BYTES, dtype=torch.uint8)
     advise_huge_pages(buffer, buffer.numel())
-    first = first_huge_page(buffer)
-    assert "hg" in vm_flags(first)
-    if first - 1 >= buffer.data_ptr():  # the partial page before the first whole one is left alone
-        assert "hg" not in vm_flags(first - 1)
+    assert "hg" in vm_flags(first_huge_page(buffer))
     torch.testing.assert_close(buffer.fill_(7), torch.full_like(buffer, 7))

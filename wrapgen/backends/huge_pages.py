@@ -67,13 +67,19 @@ def _load_madvise():
 _madvise = _load_madvise()
 
 
-def advise_huge_pages(buffer: torch.Tensor, nbytes: int) -> None:
-    """Advise huge pages for the whole 2 MiB-aligned pages inside a fresh buffer's `nbytes`.
-    Advice only: a kernel that refuses it (EINVAL without THP) leaves the buffer as it was."""
-    if nbytes < HUGE_PAGE_BYTES or _madvise is None:
-        return
-    start = buffer.data_ptr()
+def whole_huge_pages(start: int, nbytes: int) -> tuple[int, int] | None:
+    """[first, end) of the 2 MiB-aligned pages lying wholly inside [start, start + nbytes),
+    or None when there is none: advice never reaches memory beyond the buffer."""
     first = -(-start // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
     end = (start + nbytes) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
-    if end > first:
-        _madvise(first, end - first, _MADV_HUGEPAGE)
+    return (first, end) if end > first else None
+
+
+def advise_huge_pages(buffer: torch.Tensor, nbytes: int) -> None:
+    """Advise huge pages for the whole huge pages inside a fresh buffer's `nbytes`. Advice
+    only: a kernel that refuses it (EINVAL without THP) leaves the buffer as it was."""
+    if nbytes < HUGE_PAGE_BYTES or _madvise is None:
+        return
+    pages = whole_huge_pages(buffer.data_ptr(), nbytes)
+    if pages is not None:
+        _madvise(pages[0], pages[1] - pages[0], _MADV_HUGEPAGE)
