@@ -305,13 +305,45 @@ def test_gpu_kernel_launch_is_emitted_through_the_driver_loader():
     assert emitter.devices_used == {"cuda"}
 
 
+def test_precompiled_header_is_made_once_a_cache_holds_enough_models(tmp_path) -> None:
+    """The first models a cache builds compile without a precompiled runtime header (making
+    one costs more than it saves a build or two); the next build makes it, later ones use it."""
+    from wrapgen.backends import cpp_build
+    from wrapgen.kernels.cpp import build as kernel_build
+
+    x = torch.randn(4, 8)
+    models = [lambda t, k=k: torch.relu(t) + k for k in range(cpp_build.PCH_AFTER_MODELS + 2)]
+    commands: list[list[str]] = []
+    run = kernel_build._run
+
+    def record(cmd, what, source=None):
+        commands.append(list(cmd))
+        run(cmd, what, source)
+
+    with wrapgen.config.patch(cache_dir=str(tmp_path)), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kernel_build, "_run", record)
+        for built, model in enumerate(models):
+            made_before = cpp_build.precompiled_header() is not None
+            commands.clear()
+            compiled = wrapgen.compile(model, (x,), target="cpp")
+            torch.testing.assert_close(compiled(x), model(x))
+            wrappers = [c for c in commands if any(a.endswith(".cpp") and "/model_" in a for a in c)]
+            assert len(wrappers) == 1, commands
+            assert ("-include" in wrappers[0]) == made_before, built
+            assert (cpp_build.precompiled_header() is not None) == (built >= cpp_build.PCH_AFTER_MODELS), built
+
+
 def test_build_survives_a_deleted_cache_directory(tmp_path) -> None:
     """A cache directory removed between builds (as the benchmarks remove their temporary one)
     is filled again, never referenced: the precompiled runtime header is looked up per build."""
+    from wrapgen.backends import cpp_build
+
     x = torch.randn(4, 8)
     first = tmp_path / "first"
     with wrapgen.config.patch(cache_dir=str(first)):
-        wrapgen.compile(lambda t: torch.relu(t) + 1, (x,), target="cpp")
+        for k in range(cpp_build.PCH_AFTER_MODELS + 1):
+            wrapgen.compile(lambda t, k=k: torch.relu(t) + k, (x,), target="cpp")
+        assert cpp_build.precompiled_header() is not None
     shutil.rmtree(first)
     with wrapgen.config.patch(cache_dir=str(tmp_path / "second")):
         compiled = wrapgen.compile(lambda t: torch.tanh(t) * 2, (x,), target="cpp")
