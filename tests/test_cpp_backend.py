@@ -348,3 +348,15 @@ def test_build_survives_a_deleted_cache_directory(tmp_path) -> None:
     with wrapgen.config.patch(cache_dir=str(tmp_path / "second")):
         compiled = wrapgen.compile(lambda t: torch.tanh(t) * 2, (x,), target="cpp")
     torch.testing.assert_close(compiled(x), torch.tanh(x) * 2)
+
+
+def test_a_fast_linker_that_fails_gives_way_to_the_default(tmp_path, monkeypatch) -> None:
+    """A linker that passed the probe but cannot link this model (another toolchain's libraries)
+    must not fail the build: the default linker links it."""
+    from wrapgen.kernels.cpp import build as kernel_build
+
+    monkeypatch.setattr(kernel_build, "fast_linker_flags", lambda: ("-fuse-ld=wrapgen-no-such-linker",))
+    x = torch.randn(4, 8)
+    with wrapgen.config.patch(cache_dir=str(tmp_path)):
+        compiled = wrapgen.compile(lambda t: torch.sigmoid(t) * 3, (x,), target="cpp")
+    torch.testing.assert_close(compiled(x), torch.sigmoid(x) * 3)

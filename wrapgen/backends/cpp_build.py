@@ -183,18 +183,23 @@ def build_model(
             futures += [pool.submit(compile_wrapper, unit) for unit in zip(sources, built)]
             if make_pch:
                 futures.append(pool.submit(make_precompiled_header, compile_flags))
+            futures.append(pool.submit(kernel_build.fast_linker_flags))  # probed once per process
             for future in futures:
                 future.result()
         fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so")
         os.close(fd)
         libs = ["-lmvec"] if kernel_build.use_mvec() else []
         lib_dir = torch_library_dir()
-        _run(
-            [kernel_build.CXX, "-shared", "-fopenmp", *kernel_build.fast_linker_flags(), *built, *map(str, objects),
-             "-o", tmp, f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", "-Wl,-z,now", *link_flags, "-ltorch_cpu", "-lc10",
-             *libs, "-lm"],
-            "linking the C++ model",
-        )
+        link = [*built, *map(str, objects), "-o", tmp, f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", "-Wl,-z,now",
+                *link_flags, "-ltorch_cpu", "-lc10", *libs, "-lm"]
+        fast = kernel_build.fast_linker_flags()
+        try:
+            _run([kernel_build.CXX, "-shared", "-fopenmp", *fast, *link], "linking the C++ model")
+        except ModelBuildError:
+            if not fast:
+                raise
+            # The probe's link passed but this one did not: the default linker decides.
+            _run([kernel_build.CXX, "-shared", "-fopenmp", *link], "linking the C++ model")
         os.replace(tmp, library)
     finally:
         for obj in built:
