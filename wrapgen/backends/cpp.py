@@ -288,10 +288,9 @@ class CppEmitter(Emitter):
             f"wrapgen::empty_strided({self.ints(line, t.sizes)}, {self.ints(line, t.strides)}, {dtype_code(t.dtype)}, "
             f"{device_type_code(t.device)}, {device_index(t.device)})",
         )
-        advised = device_overrides(t.device).allocation_advice(t)
-        if advised is not None:
-            self.use_shim("aoti_torch_get_data_ptr")
-            self.writeline(f"wrapgen::advise_huge_pages(t_{line.name}.data_ptr(), {self.expr(line, advised)});")
+        if device_overrides(t.device).advises_huge_pages(t):
+            self.use_shim("aoti_torch_get_data_ptr", "aoti_torch_get_storage_size")
+            self.writeline(f"wrapgen::advise_huge_pages(t_{line.name});")
 
     def emit_reuse_buffer(self, line: ReuseBuffer) -> None:
         t, source = line.type, self.types.get(line.source)

@@ -35,10 +35,10 @@ class DeviceOverrides:
         """A Python expression that allocates an uninitialized strided tensor."""
         return f"_empty_strided({sizes}, {strides}, dtype={dtype}, device={device})"
 
-    def allocation_advice(self, t) -> object | None:
-        """Bytes (a sympy expression of the size symbols) of a fresh buffer of TensorType `t` to
-        advise huge pages for right after allocating it, or None for no advice."""
-        return None
+    def advises_huge_pages(self, t) -> bool:
+        """Whether a fresh buffer of TensorType `t` is advised onto huge pages right after it
+        is allocated (backends/huge_pages.py)."""
+        return False
 
     def python_call_entry(self, index: int | None) -> list[str]:
         """Statements at the very start of `call` (before its arguments are unpacked) for a
@@ -128,9 +128,9 @@ class CpuOverrides(DeviceOverrides):
         # torch's C++ fast path for CPU allocations: no Python argument parsing.
         return f"empty_strided_cpu({sizes}, {strides}, {dtype})"
 
-    def allocation_advice(self, t) -> object | None:
+    def advises_huge_pages(self, t) -> bool:
         # Large fresh buffers fault in 2 MiB at a time instead of 4 KiB (huge_pages.py).
-        return huge_pages.advised_bytes(t)
+        return huge_pages.gets_advice(t)
 
     def kernel_languages(self) -> tuple[str, ...]:
         from wrapgen.kernels.triton import compat

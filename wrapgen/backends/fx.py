@@ -223,9 +223,8 @@ class FxEmitter(Emitter):
             {"dtype": t.dtype, "device": t.device},
             name=line.name,
         )
-        advised = device_overrides(t.device).allocation_advice(t)
-        if advised is not None:
-            self.node(fx_runtime.advise_huge_pages, (node, self.exprs.value(advised)))
+        if device_overrides(t.device).advises_huge_pages(t):
+            self.node(fx_runtime.advise_huge_pages, (node,))
         self.allocated.add(line.name)
         self.define(line.name, node)
 

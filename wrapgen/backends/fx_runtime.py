@@ -81,7 +81,7 @@ def free(*values: object) -> None:
 
 
 @_side_effectful
-def advise_huge_pages(buffer: torch.Tensor, nbytes: int) -> None:
+def advise_huge_pages(buffer: torch.Tensor) -> None:
     """Back the fresh CPU `buffer` with transparent huge pages before it is first written
     (wrapgen/backends/huge_pages.py); advice only, the buffer's contents are untouched."""
-    python_runtime.advise_huge_pages(buffer, nbytes)
+    python_runtime.advise_huge_pages(buffer)

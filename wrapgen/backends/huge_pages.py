@@ -9,9 +9,10 @@ advice is what turns them on; where THP is "always" it is redundant and where it
 (or not built in) it does nothing. The advice changes no ownership: torch's allocator frees
 the buffer as usual.
 
-Emitters ask `advised_bytes(type)` whether an allocation gets the advice and call
-`advise_huge_pages` (Python and fx targets) or `wrapgen::advise_huge_pages` (C++ target,
-cpp_runtime/include/wrapgen/runtime.h) with the buffer's byte size.
+Emitters ask `gets_advice(type)` whether an allocation gets the advice and then call
+`advise_huge_pages(buffer)` (Python and fx targets) or `wrapgen::advise_huge_pages(t)` (C++
+target, cpp_runtime/include/wrapgen/runtime.h). Both read the size from the buffer's storage
+at run time, so a dynamic size that turns out small (or zero) is never advised.
 """
 
 from __future__ import annotations
@@ -30,21 +31,21 @@ HUGE_PAGE_BYTES = 2 << 20
 _MADV_HUGEPAGE = 14
 
 
-def advised_bytes(t: TensorType) -> sympy.Expr | None:
-    """The byte size (an expression of the size symbols) to advise after allocating `t`, or None
-    when `t` gets no advice: not on the CPU, not Linux, `config.cpu_huge_pages` off, or a
-    size known to be under one huge page."""
+def gets_advice(t: TensorType) -> bool:
+    """Whether a fresh buffer of type `t` is advised after allocation: on the CPU, on Linux,
+    with `config.cpu_huge_pages` on, and not known at compile time to be under one huge page."""
     if t.device.type != "cpu" or not config.cpu_huge_pages or not sys.platform.startswith("linux"):
-        return None
-    nbytes = _storage_bytes(t)
-    if nbytes.is_Integer and int(nbytes) < HUGE_PAGE_BYTES:
-        return None
-    return nbytes
+        return False
+    nbytes = storage_bytes(t)
+    return not (nbytes.is_Integer and int(nbytes) < HUGE_PAGE_BYTES)
 
 
-def _storage_bytes(t: TensorType) -> sympy.Expr:
-    """Bytes from the first to one past the last element (non-positive when a size is 0)."""
+def storage_bytes(t: TensorType) -> sympy.Expr:
+    """The bytes torch allocates for `t`: 0 with a size statically 0, else from the first to
+    one past the last element."""
     sizes = [sympy.sympify(s) for s in t.sizes]
+    if any(s.is_zero for s in sizes):
+        return sympy.Integer(0)
     if t.strides is None:
         return sympy.Mul(*sizes) * t.dtype.itemsize
     extent = 1 + sum(((s - 1) * sympy.sympify(st) for s, st in zip(sizes, t.strides)), sympy.Integer(0))
@@ -75,11 +76,15 @@ def whole_huge_pages(start: int, nbytes: int) -> tuple[int, int] | None:
     return (first, end) if end > first else None
 
 
-def advise_huge_pages(buffer: torch.Tensor, nbytes: int) -> None:
-    """Advise huge pages for the whole huge pages inside a fresh buffer's `nbytes`. Advice
+def advise_huge_pages(buffer: torch.Tensor) -> None:
+    """Advise huge pages for the whole huge pages inside a fresh buffer's storage. Advice
     only: a kernel that refuses it (EINVAL without THP) leaves the buffer as it was."""
-    if nbytes < HUGE_PAGE_BYTES or _madvise is None:
+    if _madvise is None:
         return
-    pages = whole_huge_pages(buffer.data_ptr(), nbytes)
+    storage = buffer.untyped_storage()
+    nbytes = storage.nbytes()
+    if nbytes < HUGE_PAGE_BYTES:
+        return
+    pages = whole_huge_pages(storage.data_ptr(), nbytes)
     if pages is not None:
         _madvise(pages[0], pages[1] - pages[0], _MADV_HUGEPAGE)

@@ -257,9 +257,8 @@ class PythonEmitter(Emitter):
         allocate = type(overrides).python_allocate if t.device.type in self.single_device_types else DeviceOverrides.python_allocate
         allocation = allocate(overrides, py_tuple(t.sizes), py_tuple(t.strides or ()), str(t.dtype), self.device_handle(t.device))
         self.writeline(f"{line.name} = {allocation}")
-        advised = overrides.allocation_advice(t)
-        if advised is not None:
-            self.writeline(f"advise_huge_pages({line.name}, {py_expr(advised)})")
+        if overrides.advises_huge_pages(t):
+            self.writeline(f"advise_huge_pages({line.name})")
 
     def emit_reuse_buffer(self, line: ReuseBuffer) -> None:
         t, source = line.type, self.types.get(line.source)

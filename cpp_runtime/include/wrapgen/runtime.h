@@ -183,21 +183,22 @@ inline Tensor empty_strided(
   return Tensor(out);
 }
 
-// Ask Linux to back the whole 2 MiB-aligned pages inside a fresh CPU buffer with transparent
-// huge pages before anything writes it: its first writes then fault in 2 MiB at a time instead
-// of 4 KiB (wrapgen/backends/huge_pages.py says why). Advice only: an error (no THP in this
-// kernel) leaves the buffer as it was.
-inline void advise_huge_pages(void* data, int64_t nbytes) {
+// Ask Linux to back the whole 2 MiB-aligned pages inside a fresh CPU buffer's storage with
+// transparent huge pages before anything writes it: its first writes then fault in 2 MiB at a
+// time instead of 4 KiB (wrapgen/backends/huge_pages.py says why). Advice only: an error (no
+// THP in this kernel) leaves the buffer as it was.
+inline void advise_huge_pages(const Tensor& buffer) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+  int64_t nbytes = 0;
+  check(aoti_torch_get_storage_size(buffer.get(), &nbytes), "aoti_torch_get_storage_size");
   if (nbytes < static_cast<int64_t>(kHugePage)) return;
-  const uintptr_t start = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t start = reinterpret_cast<uintptr_t>(buffer.data_ptr());  // fresh: storage offset 0
   const uintptr_t first = (start + kHugePage - 1) & ~(kHugePage - 1);
   const uintptr_t end = (start + static_cast<uintptr_t>(nbytes)) & ~(kHugePage - 1);
   if (end > first) (void)madvise(reinterpret_cast<void*>(first), end - first, MADV_HUGEPAGE);
 #else
-  (void)data;
-  (void)nbytes;
+  (void)buffer;
 #endif
 }
 
