@@ -18,6 +18,7 @@ at run time, so a dynamic size that turns out small (or zero) is never advised.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import sys
 
 import sympy
@@ -28,7 +29,7 @@ from wrapgen.wrapper_ir.values import TensorType
 
 # x86-64's and aarch64's (4 KiB base pages) transparent huge page size.
 HUGE_PAGE_BYTES = 2 << 20
-_MADV_HUGEPAGE = 14
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)  # Linux's value where Python does not name it
 
 
 def gets_advice(t: TensorType) -> bool:
