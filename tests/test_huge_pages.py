@@ -10,8 +10,8 @@ import sympy
 import torch
 
 import wrapgen
-from wrapgen.backends.huge_pages import HUGE_PAGE_BYTES, advise_huge_pages, gets_advice, storage_bytes, whole_huge_pages
-from wrapgen.wrapper_ir.values import TensorType
+from wrapgen.backends.huge_pages import HUGE_PAGE_BYTES, advise_huge_pages, gets_advice, whole_huge_pages
+from wrapgen.wrapper_ir.values import TensorType, storage_bytes
 
 TARGETS = ("python", "fx", "cpp")
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")

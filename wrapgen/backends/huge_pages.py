@@ -21,11 +21,10 @@ import ctypes
 import mmap
 import sys
 
-import sympy
 import torch
 
 from wrapgen import config
-from wrapgen.wrapper_ir.values import TensorType
+from wrapgen.wrapper_ir.values import TensorType, storage_bytes
 
 # x86-64's and aarch64's (4 KiB base pages) transparent huge page size.
 HUGE_PAGE_BYTES = 2 << 20
@@ -39,18 +38,6 @@ def gets_advice(t: TensorType) -> bool:
         return False
     nbytes = storage_bytes(t)
     return not (nbytes.is_Integer and int(nbytes) < HUGE_PAGE_BYTES)
-
-
-def storage_bytes(t: TensorType) -> sympy.Expr:
-    """The bytes torch allocates for `t`: 0 with a size statically 0, else from the first to
-    one past the last element."""
-    sizes = [sympy.sympify(s) for s in t.sizes]
-    if any(s.is_zero for s in sizes):
-        return sympy.Integer(0)
-    if t.strides is None:
-        return sympy.Mul(*sizes) * t.dtype.itemsize
-    extent = 1 + sum(((s - 1) * sympy.sympify(st) for s, st in zip(sizes, t.strides)), sympy.Integer(0))
-    return sympy.expand(extent * t.dtype.itemsize)
 
 
 def _load_madvise():

@@ -108,20 +108,16 @@ def object_path(source: str) -> Path:
 
 def compile_object(source: str) -> Path:
     """One kernel → object file, unless the cache holds it already."""
-    flags = compile_flags()
-    text = _kernel_text(source)
     obj = object_path(source)
-    folder = obj.parent
-    key = obj.stem.removeprefix("k")
     if obj.exists():
         with _lock:
             stats["cache_hits"] += 1
         return obj
-    src = folder / f"k{key}.cpp"
-    _atomic_write(src, text)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".o")
+    src = obj.with_suffix(".cpp")
+    _atomic_write(src, _kernel_text(source))
+    fd, tmp = tempfile.mkstemp(dir=obj.parent, suffix=".o")
     os.close(fd)
-    _run([CXX, *flags, "-c", str(src), "-o", tmp], "compiling a kernel", src)
+    _run([CXX, *compile_flags(), "-c", str(src), "-o", tmp], "compiling a kernel", src)
     os.replace(tmp, obj)
     with _lock:
         stats["compiled"] += 1
