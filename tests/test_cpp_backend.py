@@ -17,8 +17,7 @@ from torch.utils import _pytree as pytree
 import wrapgen
 from tests import test_end_to_end as e2e
 from wrapgen.backends.cpp import CppEmitter
-from wrapgen.backends.python_runtime import InputMismatchError
-from wrapgen.errors import UnsupportedLineError
+from wrapgen.errors import InputMismatchError, UnsupportedLineError
 from wrapgen.wrapper_ir import Comment, ExternKernel, Output, Program, TensorRef
 from wrapgen.wrapper_ir.program import TensorInput
 from wrapgen.wrapper_ir.values import TensorType
@@ -308,7 +307,7 @@ def test_gpu_kernel_launch_is_emitted_through_the_driver_loader():
 def test_precompiled_header_is_made_once_a_cache_holds_enough_models(tmp_path) -> None:
     """The first models a cache builds compile without a precompiled runtime header (making
     one costs more than it saves a build or two); the next build makes it, later ones use it."""
-    from wrapgen.backends import cpp_build
+    from wrapgen.backends.cpp import build as cpp_build
     from wrapgen.kernels.cpp import build as kernel_build
 
     x = torch.randn(4, 8)
@@ -336,7 +335,7 @@ def test_precompiled_header_is_made_once_a_cache_holds_enough_models(tmp_path) -
 def test_build_survives_a_deleted_cache_directory(tmp_path) -> None:
     """A cache directory removed between builds (as the benchmarks remove their temporary one)
     is filled again, never referenced: the precompiled runtime header is looked up per build."""
-    from wrapgen.backends import cpp_build
+    from wrapgen.backends.cpp import build as cpp_build
 
     x = torch.randn(4, 8)
     first = tmp_path / "first"

@@ -18,7 +18,7 @@ import torch
 
 import wrapgen
 from tests import test_end_to_end as e2e
-from wrapgen.backends.python_runtime import InputMismatchError
+from wrapgen.errors import InputMismatchError
 from wrapgen.packaging import PackageError, read_tensor_file, write_tensor_file
 
 REPO = Path(__file__).resolve().parents[1]

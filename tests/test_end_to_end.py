@@ -18,7 +18,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch.utils import _pytree as pytree
 
 import wrapgen
-from wrapgen.backends.python_runtime import InputMismatchError
+from wrapgen.errors import InputMismatchError
 
 MODES = ["wrapgen.compile", "torch.compile"]
 

@@ -47,10 +47,10 @@ from torch.utils import _pytree as pytree
 from torch.utils._sympy.functions import CeilDiv, FloorDiv, Max, Min, ModularIndexing, PythonMod
 
 import wrapgen
-from wrapgen.backends import FxEmitter, fx_runtime, register_backend
-from wrapgen.backends.fx_exprs import ExpressionNodes
-from wrapgen.backends.python_runtime import InputMismatchError
-from wrapgen.errors import UnsupportedLineError
+from wrapgen.backends import FxEmitter, register_backend
+from wrapgen.backends.fx import runtime as fx_runtime
+from wrapgen.backends.fx.exprs import ExpressionNodes
+from wrapgen.errors import InputMismatchError, UnsupportedLineError
 from wrapgen.kernels.cpp.custom_op import cpp_kernel
 from wrapgen.wrapper_ir import (
     OBSERVED,
@@ -489,7 +489,7 @@ def test_kernel_language_without_launch_is_refused():
         FxEmitter().emit(program.with_lines(lines))
 
 
-ALLOWED_MODULES = ("operator", "math", "torch", "builtins", "torch._ops", "wrapgen.backends.fx_runtime")
+ALLOWED_MODULES = ("operator", "math", "torch", "builtins", "torch._ops", "wrapgen.backends.fx.runtime")
 
 
 def _target_kind(target) -> str:

@@ -10,7 +10,7 @@ import torch
 
 import wrapgen
 from wrapgen.backends import PythonEmitter
-from wrapgen.backends.python_runtime import InputMismatchError
+from wrapgen.errors import InputMismatchError
 from wrapgen.lowering.symbols import BindingSource, SymbolTable, make_symbol, plan_bindings
 from wrapgen.wrapper_ir import (
     OBSERVED,

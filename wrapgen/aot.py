@@ -20,8 +20,8 @@ from torch.utils import _pytree as pytree
 
 from wrapgen import config
 from wrapgen.backends.cpp import CppEmitter
-from wrapgen.backends.cpp_loader import WG_MODEL_ABI_VERSION, _from_handles, _to_handles, raise_error
-from wrapgen.backends.cpp_pymodule import runtime_module
+from wrapgen.backends.cpp.loader import WG_MODEL_ABI_VERSION, _from_handles, _to_handles, raise_error
+from wrapgen.backends.cpp.pymodule import runtime_module
 from wrapgen.packaging import (
     PACKAGE_FORMAT,
     PackageError,
@@ -60,7 +60,7 @@ def aot_compile(
 ) -> str:
     """Compile `model` for the C++ target into a package directory; returns its path."""
     from wrapgen.api import _capture, optimize
-    from wrapgen.lowering.graph_lowering import lower_captured
+    from wrapgen.lowering.lower import lower_captured
 
     captured = _capture(model, example_inputs, dynamic)
     program = optimize(lower_captured(captured))
@@ -115,7 +115,7 @@ class PackagedModel:
 
     def run(self, flat: list) -> tuple:
         """The flat calling convention: inputs in program order, outputs as a tuple."""
-        from wrapgen.backends.python_runtime import InputMismatchError
+        from wrapgen.errors import InputMismatchError
 
         if len(flat) != len(self._inputs):
             raise InputMismatchError(f"expected {len(self._inputs)} inputs, got {len(flat)}")

@@ -13,7 +13,7 @@ from wrapgen.backends.emitter import CompiledArtifact
 from wrapgen.backends.registry import get_backend
 from wrapgen.compiled import CompiledFunction
 from wrapgen.lowering.capture import CapturedGraph, capture
-from wrapgen.lowering.graph_lowering import lower_captured
+from wrapgen.lowering.lower import lower_captured
 from wrapgen.wrapper_ir.passes import add_finite_checks, plan_memory
 from wrapgen.wrapper_ir.program import Program
 from wrapgen.wrapper_ir.verify import verify

@@ -22,7 +22,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, name: str, target: str | None =
 
     from wrapgen.api import _emit, optimize, resolve_target
     from wrapgen.lowering.capture import capture_aten_graph
-    from wrapgen.lowering.graph_lowering import lower_captured
+    from wrapgen.lowering.lower import lower_captured
 
     # aot_autograd calls compilers with its fake mode active; the graph's constants (lifted
     # tensor constants, e.g. the 0.0 of `x[:, 1] = 0.0`) are real tensors and stay real.

@@ -11,3 +11,7 @@ class LoweringError(WrapgenError, ValueError):
 
 class UnsupportedLineError(WrapgenError, NotImplementedError):
     """An emitter was given a line type it cannot express."""
+
+
+class InputMismatchError(WrapgenError, ValueError):
+    """A compiled program was called with an input it was not compiled for."""

@@ -133,7 +133,7 @@ def _libtorch() -> tuple[ctypes.CDLL, ...]:
 
 def check_compatible(metadata: dict, where: str) -> None:
     """Raise PackageError naming every reason this runtime cannot run the package."""
-    from wrapgen.backends.cpp_loader import WG_MODEL_ABI_VERSION
+    from wrapgen.backends.cpp.loader import WG_MODEL_ABI_VERSION
 
     problems = []
     if metadata.get("format") != PACKAGE_FORMAT:

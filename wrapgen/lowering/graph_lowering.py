@@ -419,14 +419,3 @@ def _scalar_kind(value: object) -> type:
 
 def _mutated_argument_indices(op: torch._ops.OpOverload) -> list[int]:
     return [i for i, a in enumerate(op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-
-
-def lower_captured(captured: CapturedGraph, name: str = "forward") -> Program:
-    """Lower with generated kernels when `config.kernels` is on, else to library calls only."""
-    from wrapgen import config
-
-    if config.kernels:
-        from wrapgen.lowering.kernel_lowering import KernelGraphLowering
-
-        return KernelGraphLowering(captured, name).lower()
-    return GraphLowering(captured, name).lower()

@@ -20,7 +20,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from wrapgen.backends.cache import cache_root
+from wrapgen.cache import cache_root
 from wrapgen.kernels.cpp.prelude import PRELUDE
 
 CXX = os.environ.get("CXX", "g++")

@@ -20,76 +20,35 @@ an expression of the size symbols.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-
 import sympy
 import torch
 from torch.utils._sympy.functions import CeilDiv
 
 from wrapgen.kernels.cpp.codegen import GeneratedKernel
 from wrapgen.kernels.segments import in_place_pairs, segments
-from wrapgen.kernels.triton.ops import ARG_REDUCTIONS, TL, OpRenderer, literal
+from wrapgen.kernels.triton.launch_config import LaunchConfig, choose_config
+from wrapgen.kernels.triton.ops import ARG_REDUCTIONS, TL, OpRenderer, SourceWriter, literal
 from wrapgen.kernels.triton.printer import triton_index
+from wrapgen.kernels.triton.reductions import ReductionRenderer
 from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, Load, is_loop_var, loads, red_vars, row_vars
 from wrapgen.lowering.scheduler import FusionGroup, Member
 
-PERSISTENT_LIMIT = 8192
 INT32_LIMIT = 2**31 - 1
 
 
 XFLAT = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RFLAT = sympy.Symbol("rindex", integer=True, nonnegative=True)
 
+
 def _is_loop(s: sympy.Symbol) -> bool:
     return s in (XFLAT, RFLAT) or is_loop_var(s)
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 def _product(sizes: tuple) -> sympy.Expr:
     return sympy.Mul(*sizes) if sizes else sympy.Integer(1)
 
 
-@dataclass
-class _Writer:
-    depth: int = 1
-    lines: list[str] = field(default_factory=list)
-
-    def line(self, text: str) -> None:
-        self.lines.append("    " * self.depth + text)
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """Block sizes and warps, chosen from the problem size."""
-
-    xblock: int
-    rblock: int | None
-    num_warps: int
-    persistent: bool
-
-
-def choose_config(xnumel: sympy.Expr, rnumel: sympy.Expr | None, hint: dict) -> LaunchConfig:
-    x = int(sympy.sympify(xnumel).xreplace(hint)) if hint is not None else 1
-    if rnumel is None:  # pointwise: 1024 elements per program for large problems, fewer for small
-        xblock = min(1024, _next_pow2(max(x, 1)))
-        return LaunchConfig(xblock, None, max(1, min(4, xblock // 256)), False)
-    r_static = sympy.sympify(rnumel).is_Integer
-    r = int(sympy.sympify(rnumel).xreplace(hint))
-    if r_static and r <= PERSISTENT_LIMIT:
-        rblock = _next_pow2(max(r, 1))
-        xblock = max(1, min(_next_pow2(max(x, 1)), 4096 // rblock, 64))
-        warps = max(1, min(16, xblock * rblock // 256))
-        return LaunchConfig(xblock, rblock, warps, True)
-    rblock = min(2048, _next_pow2(max(r, 1)))
-    xblock = 1 if r >= 256 else max(1, min(64, 2048 // rblock, _next_pow2(max(x, 1))))
-    return LaunchConfig(xblock, rblock, max(1, min(8, xblock * rblock // 256)), False)
-
-
-class TritonKernelCodegen(OpRenderer):
+class TritonKernelCodegen(ReductionRenderer, OpRenderer):
     """Generates one Triton kernel for one FusionGroup."""
 
     def __init__(self, group: FusionGroup, name: str, needed: set[str], dtypes: dict[str, torch.dtype],
@@ -214,7 +173,7 @@ class TritonKernelCodegen(OpRenderer):
             parts.append("rmask")
         return " & ".join(parts) or None
 
-    def value(self, body: Body, memo: dict, local: dict[str, str], w: _Writer, recompute: dict[str, Member]) -> str:
+    def value(self, body: Body, memo: dict, local: dict[str, str], w: SourceWriter, recompute: dict[str, Member]) -> str:
         if body in memo:
             return memo[body]
         axes: frozenset[str] = frozenset()
@@ -252,7 +211,7 @@ class TritonKernelCodegen(OpRenderer):
         self.var_axes[name] = axes
         return name
 
-    def _gather_index(self, load: Load, memo: dict, local: dict[str, str], w: _Writer, recompute: dict) -> sympy.Expr:
+    def _gather_index(self, load: Load, memo: dict, local: dict[str, str], w: SourceWriter, recompute: dict) -> sympy.Expr:
         """The load's index with each data-dependent position computed into a block: a position
         out of range fails a device assert (checked where Triton checks them: debug builds and
         the interpreter) and reads position 0 instead, so no lane reads outside the buffer."""
@@ -286,7 +245,7 @@ class TritonKernelCodegen(OpRenderer):
             return "[XBLOCK]"
         return "[XBLOCK, RBLOCK]" if level == "inner" else "[XBLOCK, 1]"
 
-    def store(self, member: Member, var: str, w: _Writer) -> None:
+    def store(self, member: Member, var: str, w: SourceWriter) -> None:
         if member.node.name not in self.stored:
             return
         ptr = self.param(member.node.name, True)
@@ -315,7 +274,7 @@ class TritonKernelCodegen(OpRenderer):
         return not (self.rnumel.is_Integer and int(self.rnumel) > 0 and int(self.rnumel) % self.config.rblock == 0)
 
     def generate(self) -> GeneratedKernel:
-        body = _Writer()
+        body = SourceWriter()
         memo: dict[Body, str] = {}
         local: dict[str, str] = {}
         if not self.reduction:
@@ -339,102 +298,7 @@ class TritonKernelCodegen(OpRenderer):
                     self.looped_segment(ms, memo, local, body)
         return self._finish(body)
 
-    def _reduce_nothing(self, m: Member, var: str, w: _Writer) -> str:
-        """A reduction over no dimensions (e.g. of a 0-dim tensor): each element is its own result."""
-        kind = m.node.reduction
-        if kind in ARG_REDUCTIONS:
-            text = f"tl.zeros_like({var}).to(tl.int64)"
-        elif kind in ("any", "all"):
-            text = f"({var} != 0)"
-        elif m.node.body.dtype != m.node.dtype:
-            text = f"{var}.to({TL[m.node.dtype]})"
-        else:
-            return var
-        name = self.tmp()
-        w.line(f"{name} = {text}")
-        self.var_axes[name] = self.var_axes.get(var, frozenset())
-        return name
-
-    def _reduce_input(self, m: Member, var: str, level_mask: bool) -> str:
-        """The value to accumulate, in the accumulator type, with masked lanes at the identity."""
-        acc_t = self._acc_dtype(m)
-        v = self._block(var, m.node.body.dtype, "inner")
-        if m.node.reduction in ("any", "all"):
-            v = f"({v} != 0).to(tl.int8)"
-        elif m.node.body.dtype != acc_t:
-            v = f"{v}.to({TL[acc_t]})"
-        if level_mask and self.needs_rmask:
-            v = f"tl.where(rmask, {v}, {self._identity(m)})"
-        return v
-
-    def _acc_dtype(self, m: Member) -> torch.dtype:
-        kind, dtype = m.node.reduction, m.node.dtype
-        if kind in ARG_REDUCTIONS:
-            return m.node.body.dtype  # the best value so far; its index is tracked beside it
-        if kind in ("any", "all"):
-            return torch.int8
-        if kind in ("sum", "prod"):
-            return dtype if dtype.is_floating_point else torch.int64
-        return m.node.body.dtype
-
-    def _identity(self, m: Member) -> str:
-        return f"tl.full([], {self._identity_literal(m)}, {TL[self._acc_dtype(m)]})"
-
-    def _identity_literal(self, m: Member) -> str:
-        acc = self._acc_dtype(m)
-        kind = m.node.reduction
-        if kind == "sum" or kind == "any":
-            value: object = 0
-        elif kind == "prod" or kind == "all":
-            value = 1
-        elif acc.is_floating_point:
-            value = -math.inf if kind in ("max", "argmax") else math.inf
-        elif acc == torch.bool:
-            value = kind == "min"
-        else:
-            info = torch.iinfo(acc)
-            value = info.min if kind in ("max", "argmax") else info.max
-        return literal(value, acc)
-
-    def _combine_across(self, m: Member, v: str) -> str:
-        """Reduce a [XBLOCK, RBLOCK] block over the reduced axis to [XBLOCK, 1]."""
-        kind, acc = m.node.reduction, self._acc_dtype(m)
-        if kind == "sum":
-            text = f"tl.sum({v}, 1)"
-        elif kind == "prod":
-            self.helpers.add("_wg_prod")
-            text = f"tl.reduce({v}, 1, _wg_prod)"
-        elif kind in ("max", "min") and acc.is_floating_point:
-            fn = "_wg_maximum" if kind == "max" else "_wg_minimum"
-            self.helpers.add(fn)
-            text = f"tl.reduce({v}, 1, {fn})"
-        elif kind in ("max", "any"):
-            text = f"tl.max({v}, 1)"
-        else:
-            text = f"tl.min({v}, 1)"
-        return f"{text}[:, None]"
-
-    def _elementwise_extreme(self, m: Member, acc: str, update: str) -> str:
-        largest = m.node.reduction in ("max", "any")
-        if self._acc_dtype(m).is_floating_point:
-            fn = "_wg_maximum" if largest else "_wg_minimum"
-            self.helpers.add(fn)
-            return f"{fn}({acc}, {update})"
-        return f"tl.{'maximum' if largest else 'minimum'}({acc}, {update})"
-
-    def _finalize(self, m: Member, reduced: str) -> str:
-        if m.node.reduction in ("any", "all"):
-            return f"({reduced} != 0)"
-        if self._acc_dtype(m) != m.node.dtype:
-            return f"{reduced}.to({TL[m.node.dtype]})"
-        return reduced
-
-    def _arg_reduce(self, m: Member, values: str, indices: str) -> str:
-        """The winning index of a [XBLOCK, RBLOCK] block of (value, index) pairs, as [XBLOCK, 1]."""
-        self.helpers.add(f"_wg_{m.node.reduction}")
-        return f"tl.reduce(({values}, {indices}), 1, _wg_{m.node.reduction})[1][:, None]"
-
-    def persistent_segment(self, members: list[Member], memo: dict, local: dict[str, str], w: _Writer) -> None:
+    def persistent_segment(self, members: list[Member], memo: dict, local: dict[str, str], w: SourceWriter) -> None:
         for m in members:
             var = self.value(m.node.body, memo, local, w, {})
             if m.level == "inner":
@@ -454,7 +318,7 @@ class TritonKernelCodegen(OpRenderer):
             local[m.node.name] = result
             self.store(m, result, w)
 
-    def looped_segment(self, members: list[Member], memo: dict, local: dict[str, str], w: _Writer) -> None:
+    def looped_segment(self, members: list[Member], memo: dict, local: dict[str, str], w: SourceWriter) -> None:
         reductions = [m for m in members if m.level == "reduction"]
         accs = {}
         best_index: dict[str, str] = {}
@@ -466,11 +330,11 @@ class TritonKernelCodegen(OpRenderer):
                 best_index[m.node.name] = self.tmp()
                 w.line(f"{best_index[m.node.name]} = tl.full([XBLOCK, RBLOCK], 0, tl.int64)")
         w.line("for roffset in range(0, rnumel, RBLOCK):")
-        inner = _Writer(w.depth + 1)
+        inner = SourceWriter(w.depth + 1)
         inner.line("rindex = roffset + rbase")
         if self.needs_rmask:
             inner.line("rmask = rindex < rnumel")
-        loop_body = _Writer(w.depth + 1)
+        loop_body = SourceWriter(w.depth + 1)
         inner_memo, inner_local = dict(memo), dict(local)
         recompute = {n: m for n, m in self.members.items() if m.level == "inner" and n not in inner_local}
         for m in members:
@@ -510,7 +374,7 @@ class TritonKernelCodegen(OpRenderer):
             local[m.node.name] = result
             self.store(m, result, w)
 
-    def _decompose(self, w: _Writer, prefix: str) -> None:
+    def _decompose(self, w: SourceWriter, prefix: str) -> None:
         """Per-dimension loop variables from the flat index, for those the body used."""
         sizes = self.rows if prefix == "x" else self.reduced
         flat = "xindex" if prefix == "x" else "rindex"
@@ -527,10 +391,10 @@ class TritonKernelCodegen(OpRenderer):
                 text = f"({text} % {self.size(sizes[d])})"
             w.line(f"{var} = {text}")
 
-    def _finish(self, body: _Writer) -> GeneratedKernel:
+    def _finish(self, body: SourceWriter) -> GeneratedKernel:
         cfg = self.config
         wide = not self.index_bound_ok
-        head = _Writer()
+        head = SourceWriter()
         pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
         head.line(f"xoffset = {pid} * XBLOCK")
         if self.reduction:

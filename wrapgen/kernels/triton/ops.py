@@ -8,8 +8,21 @@ INTERPRETER_MATH), and the few with no such form stay library calls (INTERPRETER
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
+
+
+@dataclass
+class SourceWriter:
+    """Lines of a kernel's body at an indentation depth."""
+
+    depth: int = 1
+    lines: list[str] = field(default_factory=list)
+
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.depth + text)
+
 
 TL = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",

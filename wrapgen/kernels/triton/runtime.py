@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from wrapgen.backends.cache import cache_root
+from wrapgen.cache import cache_root
 from wrapgen.kernels.triton import compat
 
 # Compile in worker processes when a program brings at least this many kernels not yet built.

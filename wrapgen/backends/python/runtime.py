@@ -1,4 +1,4 @@
-"""Helpers that generated Python modules import: op lookup, input-check errors, benchmarking.
+"""Helpers that generated Python modules import: fast op calls and allocation, benchmarking.
 
 Only the slow paths live here (raising errors, making example data); the per-call fast
 path stays inline in the generated code.
@@ -8,25 +8,18 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
 # Re-exported for generated modules (the explicit `as` marks the re-export).
 from wrapgen.backends.huge_pages import advise_huge_pages as advise_huge_pages
-
-
-class InputMismatchError(ValueError):
-    """A compiled program was called with an input it was not compiled for."""
-
-
-def resolve_op(qualified: str) -> torch._ops.OpOverload:
-    """`"aten::addmm.out"` -> `torch.ops.aten.addmm.out`."""
-    namespace, rest = qualified.split("::", 1)
-    name, _, overload = rest.partition(".")
-    packet = getattr(getattr(torch.ops, namespace), name)
-    return getattr(packet, overload or "default")
-
+from wrapgen.backends.runtime import assert_finite as assert_finite
+from wrapgen.backends.runtime import check_arg_count as check_arg_count
+from wrapgen.backends.runtime import input_mismatch as input_mismatch
+from wrapgen.backends.runtime import resolve_op
+from wrapgen.backends.runtime import scalar_mismatch as scalar_mismatch
+from wrapgen.backends.runtime import symbol_out_of_range as symbol_out_of_range
 
 # Overloads whose torch.* Python binding takes exactly the overload's arguments (positions and
 # keyword names alike): the binding calls the op unboxed, about 1.7 us less per call than the
@@ -65,52 +58,6 @@ def _python_empty_strided_cuda(sizes: tuple, strides: tuple, dtype: torch.dtype)
 # On the current CUDA device (generated code makes the program's device current first).
 empty_strided_cuda = getattr(torch._C._dynamo.guards, "_empty_strided_cuda", _python_empty_strided_cuda)
 current_cuda_device = getattr(torch._C, "_cuda_getDevice", lambda: 0)
-
-
-def check_arg_count(args: Sequence, expected: int) -> None:
-    if len(args) != expected:
-        raise InputMismatchError(f"expected {expected} inputs, got {len(args)}")
-
-
-def input_mismatch(
-    name: str,
-    value: object,
-    sizes: tuple,
-    strides: tuple,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> None:
-    """Raise an error naming the input and the first property that differs."""
-    if not isinstance(value, torch.Tensor):
-        raise InputMismatchError(f"input {name}: expected a tensor, got {type(value).__name__}")
-    if value.dtype != dtype:
-        raise InputMismatchError(f"input {name}: expected dtype {dtype}, got {value.dtype}")
-    if value.device != device:
-        raise InputMismatchError(f"input {name}: expected device {device}, got {value.device}")
-    if tuple(value.shape) != tuple(sizes):
-        raise InputMismatchError(f"input {name}: expected shape {tuple(sizes)}, got {tuple(value.shape)}")
-    actual = value.stride()
-    for dim, want in enumerate(strides):
-        if want is not None and actual[dim] != want:
-            shown = tuple("*" if s is None else s for s in strides)
-            raise InputMismatchError(f"input {name}: expected strides {shown}, got {actual}")
-    raise InputMismatchError(f"input {name}: does not match the compiled program")
-
-
-def scalar_mismatch(name: str, value: object, expected: object) -> None:
-    raise InputMismatchError(f"input {name}: the program was compiled for the value {expected!r}, got {value!r}")
-
-
-def symbol_out_of_range(symbol: str, value: int, low: int, high: int | None) -> None:
-    upper = "inf" if high is None else high
-    raise InputMismatchError(
-        f"size symbol {symbol} = {value} is outside [{low}, {upper}], the range the program was compiled for"
-    )
-
-
-def assert_finite(name: str, value: torch.Tensor) -> None:
-    if not bool(torch.isfinite(value).all()):
-        raise FloatingPointError(f"output {name} contains NaN or Inf")
 
 
 def example_tensor(sizes: tuple, strides: tuple, dtype: torch.dtype, device: str) -> torch.Tensor:

@@ -2,10 +2,10 @@
 
 The graph takes the program's inputs as placeholders (called like the Python target's
 `call(args)`, unpacked), binds size symbols with `aten.sym_size` / `aten.sym_stride` nodes,
-computes every size expression once (fx_exprs), and turns each line into nodes a consumer can
+computes every size expression once (`exprs.py`), and turns each line into nodes a consumer can
 read: `torch.empty_strided` allocations, `torch.as_strided` views for reused and pooled
 buffers, ATen op calls, `operator.getitem`, C++ kernels as the `wrapgen::cpp_kernel` op,
-Triton kernels as `triton_kernel_wrapper_mutation`, and fx_runtime's checks, frees and
+Triton kernels as `triton_kernel_wrapper_mutation`, and `runtime.py`'s checks, frees and
 huge-page advice for large CPU buffers.
 Each node's `meta["wrapgen_line"]` names the line it came from.
 
@@ -24,11 +24,11 @@ import sympy
 import torch
 import torch.fx
 
-from wrapgen.backends import fx_runtime
 from wrapgen.backends.devices import device_overrides, kernel_device, returns_status
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
-from wrapgen.backends.fx_exprs import ExpressionError, ExpressionNodes, Value, is_integer_expression
-from wrapgen.backends.python_runtime import check_arg_count, resolve_op
+from wrapgen.backends.fx import runtime as fx_runtime
+from wrapgen.backends.fx.exprs import ExpressionError, ExpressionNodes, Value, is_integer_expression
+from wrapgen.backends.runtime import check_arg_count, resolve_op
 from wrapgen.errors import UnsupportedLineError
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,

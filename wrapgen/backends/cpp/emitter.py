@@ -5,7 +5,7 @@ One method per line type (see `Emitter`); each appends C++ statements to the bod
 `run_program`. Tensor names become `wrapgen::Tensor t_<name>` (RAII: `Free` resets the
 handle), size symbols `int64_t` locals. The library exports the C ABI of
 `cpp_runtime/include/wrapgen/abi.h`; `compile` builds it with the program's C++ kernels
-(cached by content hash) and loads it in-process (`cpp_loader.CppModel`).
+(cached by content hash) and loads it in-process (`loader.CppModel`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import jinja2
 import sympy
 import torch
 
-from wrapgen.backends.cpp_exprs import (
+from wrapgen.backends.cpp.exprs import (
     UnprintableExpr,
     cpp_expr,
     cpp_float,
@@ -28,7 +28,7 @@ from wrapgen.backends.cpp_exprs import (
     device_type_code,
     dtype_code,
 )
-from wrapgen.backends.cpp_extern import CannotExpress, ExternWriter
+from wrapgen.backends.cpp.extern import CannotExpress, ExternWriter
 from wrapgen.backends.devices import device_overrides, kernel_device, returns_status
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
 from wrapgen.errors import UnsupportedLineError
@@ -73,7 +73,7 @@ BASE_SHIMS = frozenset(
 @functools.cache
 def _template() -> jinja2.Template:
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("wrapgen.backends", "templates"),
+        loader=jinja2.PackageLoader("wrapgen.backends.cpp", "templates"),
         autoescape=False,
         keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined,
@@ -200,7 +200,7 @@ class CppEmitter(Emitter):
 
     def build(self, program: Program) -> tuple[str, str]:
         """Emit `program` and build its library (kernels included): (wrapper source, library path)."""
-        from wrapgen.backends.cpp_build import build_model
+        from wrapgen.backends.cpp.build import build_model
 
         source = self.emit(program)
         compile_flags: list[str] = []
@@ -211,7 +211,7 @@ class CppEmitter(Emitter):
             link_flags += [f for f in more_link if f not in link_flags]
         extra_sources = []
         if self.gpu_kernels:
-            from wrapgen.backends.cpp_gpu_kernels import kernel_table_source
+            from wrapgen.backends.cpp.gpu_kernels import kernel_table_source
 
             extra_sources.append(kernel_table_source(self.gpu_kernels))
         library = build_model(source, [k.source for k in self.kernels], extra_sources=extra_sources,
@@ -219,7 +219,7 @@ class CppEmitter(Emitter):
         return source, str(library)
 
     def compile(self, program: Program) -> CompiledArtifact:
-        from wrapgen.backends.cpp_loader import CppModel
+        from wrapgen.backends.cpp.loader import CppModel
 
         source, library = self.build(program)
         model = CppModel(str(library))

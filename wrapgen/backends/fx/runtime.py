@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 import torch
 import torch.fx.node
 
-from wrapgen.backends import python_runtime
+from wrapgen.backends import huge_pages
+from wrapgen.backends import runtime as shared_runtime
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -47,27 +48,27 @@ def check_input(
         or value.shape != sizes
         or any(want is not None and got != want for got, want in zip(value.stride(), strides))
     ):
-        python_runtime.input_mismatch(name, value, sizes, strides, dtype, device)
+        shared_runtime.input_mismatch(name, value, sizes, strides, dtype, device)
 
 
 @_side_effectful
 def check_scalar(value: object, name: str, expected: object) -> None:
     """Raise InputMismatchError unless number input `name` has the value the program was specialized for."""
     if value != expected:
-        python_runtime.scalar_mismatch(name, value, expected)
+        shared_runtime.scalar_mismatch(name, value, expected)
 
 
 @_side_effectful
 def check_symbol(value: int, symbol: str, low: int, high: int | None) -> None:
     """Raise InputMismatchError unless size symbol `symbol` lies in [low, high]."""
     if value < low or (high is not None and value > high):
-        python_runtime.symbol_out_of_range(symbol, value, low, high)
+        shared_runtime.symbol_out_of_range(symbol, value, low, high)
 
 
 @_side_effectful
 def assert_finite(value: torch.Tensor, name: str) -> None:
     """Raise FloatingPointError if `value` holds NaN or Inf (config.check_finite)."""
-    python_runtime.assert_finite(name, value)
+    shared_runtime.assert_finite(name, value)
 
 
 @_side_effectful
@@ -84,4 +85,4 @@ def free(*values: object) -> None:
 def advise_huge_pages(buffer: torch.Tensor) -> None:
     """Back the fresh CPU `buffer` with transparent huge pages before it is first written
     (wrapgen/backends/huge_pages.py); advice only, the buffer's contents are untouched."""
-    python_runtime.advise_huge_pages(buffer)
+    huge_pages.advise_huge_pages(buffer)

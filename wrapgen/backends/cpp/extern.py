@@ -17,19 +17,20 @@ the line, naming it.
 
 from __future__ import annotations
 
-import functools
-import re
-from dataclasses import dataclass, field
-from pathlib import Path
-
 import sympy
 import torch
 
-from wrapgen.backends.cpp_exprs import (
+from wrapgen.backends.cpp.call_code import (
+    CallCode,
+    CannotExpress,
+    is_number_type,
+    jit_kind,
+    overload_parts,
+)
+from wrapgen.backends.cpp.exprs import (
     cpp_double_expr,
     cpp_expr,
     cpp_float,
-    cpp_int,
     cpp_int_list,
     cpp_string,
     device_index,
@@ -38,83 +39,13 @@ from wrapgen.backends.cpp_exprs import (
     layout_code,
     memory_format_code,
 )
-from wrapgen.backends.python_runtime import resolve_op
+from wrapgen.backends.cpp.shim_route import GeneratedShimRoute, generated_shims
+from wrapgen.backends.runtime import resolve_op
 from wrapgen.wrapper_ir.lines import ExternKernel
 from wrapgen.wrapper_ir.values import TensorRef, TensorType, contiguous_strides
 
-_INTEGRAL = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
-
-class CannotExpress(ValueError):
-    """This route cannot express the call (the caller tries the next one or refuses the line)."""
-
-
-@dataclass(frozen=True)
-class ShimFunction:
-    name: str
-    params: tuple[tuple[str, str], ...]  # (C type, parameter name)
-    min_version: str  # torch version that added it ("" when it predates version guards)
-
-
-@functools.cache
-def _shim_include_dir() -> Path:
-    return Path(torch.__file__).parent / "include" / "torch" / "csrc" / "inductor" / "aoti_torch" / "generated"
-
-
-@functools.cache
-def generated_shims(header: str) -> dict[str, ShimFunction]:
-    """The functions a generated shim header (`c_shim_cpu.h`, ...) declares, with their version guards."""
-    path = _shim_include_dir() / header
-    if not path.exists():
-        return {}
-    out: dict[str, ShimFunction] = {}
-    guard = ""
-    for line in path.read_text().splitlines():
-        m = re.match(r"#if TORCH_FEATURE_VERSION >= TORCH_VERSION_(\d+)_(\d+)_\d+", line)
-        if m:
-            guard = f"{m.group(1)}.{m.group(2)}"
-            continue
-        if line.startswith("#endif"):
-            guard = ""
-            continue
-        m = re.match(r"AOTI_TORCH_EXPORT AOTITorchError (\w+)\((.*)\);", line)
-        if not m:
-            continue
-        params = []
-        for part in m.group(2).split(", ") if m.group(2) else []:
-            ctype, _, name = part.rpartition(" ")
-            params.append((ctype.strip(), name.strip()))
-        out[m.group(1)] = ShimFunction(m.group(1), tuple(params), guard)
-    return out
-
-
-@dataclass
-class CallCode:
-    """The C++ lines of one call and the shim functions it uses."""
-
-    lines: list[str] = field(default_factory=list)
-    shims: set[str] = field(default_factory=set)
-
-
-def _overload(op: str) -> tuple[str, str, str]:
-    """`aten::addmm.out` -> ("aten", "addmm", "out")."""
-    namespace, rest = op.split("::", 1)
-    name, _, overload = rest.partition(".")
-    return namespace, name, overload or "default"
-
-
-def _kind(t: torch._C.JitType) -> str:
-    return t.kind()
-
-
-def _is_number_type(t: torch._C.JitType) -> bool:
-    kind = _kind(t)
-    if kind in ("OptionalType", "ListType"):
-        return _is_number_type(t.getElementType())
-    return kind == "NumberType"
-
-
-class ExternWriter:
+class ExternWriter(GeneratedShimRoute):
     """Writes the C++ for ExternKernel lines of one program."""
 
     def __init__(self, types: dict[str, object], device: torch.device) -> None:
@@ -129,7 +60,7 @@ class ExternWriter:
         special = self._rewrite(line, bound)
         if special is not None:
             return special
-        numbers = [a.name for a, v in bound if _is_number_type(a.real_type) and v is not None]
+        numbers = [a.name for a, v in bound if is_number_type(a.real_type) and v is not None]
         if not numbers:
             # A generated shim calls the op's kernel unboxed; the dispatcher's boxed call with its
             # per-call schema lookup costs several microseconds more (felt by small matrix products).
@@ -156,7 +87,7 @@ class ExternWriter:
 
     # -- ops whose Scalar arguments have an exact Scalar-free spelling -------------------------
     def _rewrite(self, line: ExternKernel, bound) -> CallCode | None:
-        _, name, overload = _overload(line.op)
+        _, name, overload = overload_parts(line.op)
         values = {a.name: v for a, v in bound}
         if name == "_assert_scalar":
             # a host-side check of a size condition (torch.export's runtime assertions)
@@ -215,7 +146,7 @@ class ExternWriter:
 
     def _tensor_twin(self, op: str, schema: torch._C.FunctionSchema, numbers: set[str]):
         """An overload of the same op where the given Scalar arguments are Tensors and all else is equal."""
-        namespace, name, _ = _overload(op)
+        namespace, name, _ = overload_parts(op)
         packet = getattr(getattr(torch.ops, namespace), name)
         for overload in packet.overloads():
             other = getattr(packet, overload)._schema
@@ -226,7 +157,7 @@ class ExternWriter:
                 if a.name != b.name or a.kwarg_only != b.kwarg_only:
                     ok = False
                 elif a.name in numbers:
-                    ok = _kind(a.real_type) == "NumberType" and _kind(b.real_type) == "TensorType"
+                    ok = jit_kind(a.real_type) == "NumberType" and jit_kind(b.real_type) == "TensorType"
                 else:
                     ok = str(a.real_type) == str(b.real_type)
                 if not ok:
@@ -279,10 +210,10 @@ class ExternWriter:
         code = CallCode(shims={"aoti_torch_call_dispatcher", "aoti_torch_new_tensor_handle"})
         dtypes = self._tensor_dtypes(bound)
         pushes = [f"st.push({self._encode(a.real_type, v, dtypes, code)});" for a, v in bound]
-        _, name, overload = _overload(op)
+        _, name, overload = overload_parts(op)
         namespace = op.split("::", 1)[0]
         returns = [r.real_type for r in schema.returns]
-        flags = ", ".join("1" if _kind(r) == "TensorType" else "0" for r in returns) or "0"
+        flags = ", ".join("1" if jit_kind(r) == "TensorType" else "0" for r in returns) or "0"
         body = [f"wrapgen::Stack st({max(len(bound), len(returns), 1)});", *pushes]
         body.append(f"static const uint8_t tensor_returns[] = {{{flags}}};")
         overload_name = "" if overload == "default" else overload
@@ -292,7 +223,7 @@ class ExternWriter:
         return code
 
     def _encode(self, t, value, dtypes, code: CallCode) -> str:
-        kind = _kind(t)
+        kind = jit_kind(t)
         if kind == "OptionalType":
             if value is None:
                 return "wrapgen::Stack::none()"
@@ -339,16 +270,16 @@ class ExternWriter:
         if line.name is None:
             return []
         target = f"t_{line.name}"
-        if len(returns) == 1 and _kind(returns[0]) == "TensorType":
+        if len(returns) == 1 and jit_kind(returns[0]) == "TensorType":
             return [f"{target} = st.take_tensor(0);"]
-        if len(returns) == 1 and _kind(returns[0]) == "ListType" and _kind(returns[0].getElementType()) == "TensorType":
+        if len(returns) == 1 and jit_kind(returns[0]) == "ListType" and jit_kind(returns[0].getElementType()) == "TensorType":
             return [f"{target} = st.take_tensor_list(0);"]  # the IR indexes a lone list return directly
         out = []
         for i, r in enumerate(returns):
-            kind = _kind(r)
+            kind = jit_kind(r)
             if kind == "TensorType":
                 out.append(f"{target}.items.emplace_back(st.take_tensor({i}));")
-            elif kind == "ListType" and _kind(r.getElementType()) == "TensorType":
+            elif kind == "ListType" and jit_kind(r.getElementType()) == "TensorType":
                 out.append(f"{target}.items.push_back(st.take_tensor_list({i}));")
             else:
                 raise CannotExpress(f"{line.op} returns a {r}, which the C++ target cannot hold")
@@ -357,7 +288,7 @@ class ExternWriter:
     def result_is_tensor(self, line: ExternKernel) -> bool:
         """Whether the line's result is one tensor (else a wrapgen::Value tree)."""
         schema = resolve_op(line.op)._schema
-        return len(schema.returns) == 1 and _kind(schema.returns[0].real_type) == "TensorType"
+        return len(schema.returns) == 1 and jit_kind(schema.returns[0].real_type) == "TensorType"
 
     # -- out= ops through their functional form ---------------------------------------------
     def _out_args(self, schema) -> list[str]:
@@ -368,7 +299,7 @@ class ExternWriter:
         outs = self._out_args(schema)
         if len(outs) != 1:
             return None
-        namespace, name, _ = _overload(line.op)
+        namespace, name, _ = overload_parts(line.op)
         packet = getattr(getattr(torch.ops, namespace), name)
         inputs = [(a, v) for a, v in bound if a.name not in outs]
         out_value = dict((a.name, v) for a, v in bound)[outs[0]]
@@ -392,7 +323,7 @@ class ExternWriter:
     def _integral_add(self, line: ExternKernel, schema, bound) -> CallCode | None:
         """add/sub of integer tensors with an `alpha` (a Scalar no shim route takes for integers):
         self + alpha*other == sum(stack(broadcast(self, alpha*other)), 0), exact for integers."""
-        _, name, overload = _overload(line.op)
+        _, name, overload = overload_parts(line.op)
         values = {a.name: v for a, v in bound}
         if name not in ("add", "sub") or overload not in ("Tensor", "out") or set(values) - {"self", "other", "alpha", "out"}:
             return None
@@ -494,7 +425,7 @@ class ExternWriter:
 
     def _host_arange(self, line: ExternKernel, bound) -> CallCode | None:
         """Integer `aten::arange` on the CPU, filled by the runtime header."""
-        _, name, overload = _overload(line.op)
+        _, name, overload = overload_parts(line.op)
         values = {a.name: v for a, v in bound}
         result = self.types.get(line.name) if line.name else None
         if name != "arange" or overload not in ("default", "start", "start_step") or not isinstance(result, TensorType):
@@ -510,115 +441,6 @@ class ExternWriter:
         )
         return code
 
-    # -- the generated-shim route -----------------------------------------------------------
-    def _generated_shim(self, line: ExternKernel, schema, bound, allow_integral: bool = False) -> CallCode | None:
-        _, name, overload = _overload(line.op)
-        fn_name = f"aoti_torch_{self.device.type}_{name}" + ("" if overload == "default" else f"_{overload}")
-        fn = generated_shims(f"c_shim_{self.device.type}.h").get(fn_name)
-        if fn is None:
-            fn_name = f"aoti_torch_aten_{name}" + ("" if overload == "default" else f"_{overload}")
-            fn = generated_shims("c_shim_aten.h").get(fn_name)
-        if fn is None:
-            return None
-        dtypes = self._tensor_dtypes(bound)
-        integral = not allow_integral and any(d in _INTEGRAL for d in dtypes)
-        values = {a.name: (a, v) for a, v in bound}
-        for a, v in bound:
-            if _is_number_type(a.real_type) and v is not None and not isinstance(v, float) and integral:
-                return None  # an int Scalar would become a double: integral ops reject or change meaning
-        code = CallCode(shims={fn_name})
-        call_args: list[str] = []
-        results: list[str] = []
-        lengths: dict[str, str] = {}
-        for ctype, pname in fn.params:
-            if pname.endswith("_len_"):
-                call_args.append(lengths[pname.removesuffix("_len_")])
-                continue
-            if re.fullmatch(r"ret\d+", pname):
-                if ctype != "AtenTensorHandle*":
-                    return None
-                tmp = self._temp("ret")
-                code.lines.append(f"AtenTensorHandle {tmp} = nullptr;")
-                call_args.append(f"&{tmp}")
-                results.append(tmp)
-                continue
-            if pname not in values:
-                return None
-            arg, value = values[pname]
-            try:
-                expr = self._shim_arg(ctype, arg, value, dtypes, code, lengths, pname)
-            except CannotExpress:
-                return None
-            call_args.append(expr)
-        code.lines.append(f"wrapgen::check({fn_name}({', '.join(call_args)}), {cpp_string(fn_name)});")
-        owned = [f"wrapgen::Tensor({r})" for r in results]
-        if line.name is not None:
-            if len(results) == 1 and self.result_is_tensor(line):
-                code.lines.append(f"t_{line.name} = {owned[0]};")
-            else:
-                code.lines += [f"t_{line.name}.items.emplace_back({o});" for o in owned]
-        else:
-            code.lines += [f"{o}.reset();" for o in owned]
-        return code
-
-    def _shim_arg(self, ctype: str, arg, value, dtypes, code: CallCode, lengths: dict, pname: str) -> str:
-        kind = _kind(arg.real_type)
-        inner = arg.real_type.getElementType() if kind == "OptionalType" else None
-        if ctype == "AtenTensorHandle":
-            if isinstance(value, TensorRef):
-                return f"t_{value.name}.get()"
-            return f"{self._number_tensor(value, dtypes, code)}.get()"
-        if ctype == "AtenTensorHandle*":  # Tensor?
-            if value is None:
-                return "nullptr"
-            tmp = self._temp("h")
-            source = f"t_{value.name}" if isinstance(value, TensorRef) else self._number_tensor(value, dtypes, code)
-            code.lines.append(f"AtenTensorHandle {tmp} = {source}.get();")
-            return f"&{tmp}"
-        if ctype == "double":
-            return cpp_float(float(value))
-        if ctype == "double*":
-            if value is None:
-                return "nullptr"
-            tmp = self._temp("d")
-            code.lines.append(f"double {tmp} = {cpp_float(float(value))};")
-            return f"&{tmp}"
-        if ctype == "int64_t":
-            return cpp_expr(value)
-        if ctype == "int64_t*":
-            if value is None:
-                return "nullptr"
-            tmp = self._temp("i")
-            code.lines.append(f"int64_t {tmp} = {cpp_expr(value)};")
-            return f"&{tmp}"
-        if ctype == "int32_t" and (kind == "BoolType"):
-            return "1" if value else "0"
-        if ctype == "int32_t" and kind == "ScalarTypeType":
-            return dtype_code(value)
-        if ctype == "const int64_t*":
-            items = value if isinstance(value, tuple) else (value,)
-            tmp = self._temp("a")
-            code.lines.append(f"const int64_t {tmp}[] = {{{', '.join(cpp_expr(v) for v in items) or '0'}}};")
-            lengths[pname] = cpp_int(len(items))
-            return tmp
-        if ctype == "const char*" and kind == "StringType":
-            return cpp_string(str(value))
-        if ctype == "int32_t*" and inner is not None:
-            if value is None:
-                return "nullptr"
-            tmp = self._temp("e")
-            ikind = _kind(inner)
-            text = (
-                dtype_code(value) if ikind == "ScalarTypeType"
-                else layout_code(value) if ikind == "LayoutType"
-                else ("1" if value else "0") if ikind == "BoolType"
-                else None
-            )
-            if text is None:
-                raise CannotExpress(pname)
-            code.lines.append(f"int32_t {tmp} = {text};")
-            return f"&{tmp}"
-        raise CannotExpress(f"shim parameter {ctype} {pname}")
 
 
 def _rename(value: object) -> object:
@@ -643,4 +465,4 @@ def _default(arg: torch._C.Argument) -> object:
     return tuple(value) if isinstance(value, list) else value
 
 
-__all__ = ["CallCode", "CannotExpress", "ExternWriter", "generated_shims", "device_index"]
+__all__ = ["CallCode", "CannotExpress", "ExternWriter", "device_index"]

@@ -17,8 +17,8 @@ from types import ModuleType
 
 import torch
 
-from wrapgen.backends.cache import cache_root
-from wrapgen.backends.cpp_build import ModelBuildError, _run, runtime_include_dir, torch_include_dirs, torch_library_dir
+from wrapgen.backends.cpp.build import ModelBuildError, _run, runtime_include_dir, torch_include_dirs, torch_library_dir
+from wrapgen.cache import cache_root
 from wrapgen.kernels.cpp import build as kernel_build
 
 _FLAGS = ("-O2", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-w")

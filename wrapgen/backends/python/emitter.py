@@ -10,9 +10,9 @@ import sympy
 import torch
 from torch.utils._sympy.printers import PythonPrinter
 
-from wrapgen.backends.cache import load_python_module, write_cached
 from wrapgen.backends.devices import DeviceOverrides, device_overrides, kernel_device
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
+from wrapgen.cache import load_python_module, write_cached
 from wrapgen.errors import UnsupportedLineError
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
@@ -150,7 +150,7 @@ class PythonEmitter(Emitter):
             f"# wrapgen: program {program.name!r}, emitted by {type(self).__name__}",
             "import math  # size expressions can print as math.floor / math.ceil (PythonPrinter)",
             "import torch",
-            "from wrapgen.backends.python_runtime import (",
+            "from wrapgen.backends.python.runtime import (",
             "    INF, NAN, advise_huge_pages, assert_finite, benchmark, check_arg_count, current_cuda_device,",
             "    empty_strided_cpu, empty_strided_cuda, example_tensor,",
             "    input_mismatch, op_callable, scalar_mismatch, symbol_out_of_range,",

@@ -13,8 +13,8 @@ import hashlib
 import os
 from pathlib import Path
 
-from wrapgen.backends.cache import cache_root
-from wrapgen.backends.cpp_exprs import cpp_string
+from wrapgen.backends.cpp.exprs import cpp_string
+from wrapgen.cache import cache_root
 from wrapgen.wrapper_ir.lines import KernelDefinition
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from wrapgen.backends.cache import cache_root
+from wrapgen.cache import cache_root
 from wrapgen.kernels.cpp import build as kernel_build
 
 # Host code: -O1 compiles twice as fast as -O2 and the wrapper's time goes to libtorch calls.
@@ -35,7 +35,7 @@ class ModelBuildError(RuntimeError):
 @functools.cache
 def runtime_include_dir() -> Path:
     """`cpp_runtime/include` of this checkout (next to the `wrapgen` package)."""
-    path = Path(__file__).resolve().parents[2] / "cpp_runtime" / "include"
+    path = Path(__file__).resolve().parents[3] / "cpp_runtime" / "include"
     if not (path / "wrapgen" / "runtime.h").exists():
         raise ModelBuildError(f"cannot find the C++ runtime headers at {path}")
     return path

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from wrapgen.backends.python_runtime import InputMismatchError
+from wrapgen.errors import InputMismatchError
 
 WG_MODEL_ABI_VERSION = 1
 _MESSAGE_SIZE = 4096

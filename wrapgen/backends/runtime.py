@@ -1,0 +1,67 @@
+"""What the generated programs of every target call at run time: operator lookup, and the
+errors for inputs a program was not compiled for (one message per mistake, whatever the target).
+
+Only slow paths live here (raising errors); each target keeps its per-call fast path inline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from wrapgen.errors import InputMismatchError
+
+
+def resolve_op(qualified: str) -> torch._ops.OpOverload:
+    """`"aten::addmm.out"` -> `torch.ops.aten.addmm.out`."""
+    namespace, rest = qualified.split("::", 1)
+    name, _, overload = rest.partition(".")
+    packet = getattr(getattr(torch.ops, namespace), name)
+    return getattr(packet, overload or "default")
+
+
+def check_arg_count(args: Sequence, expected: int) -> None:
+    if len(args) != expected:
+        raise InputMismatchError(f"expected {expected} inputs, got {len(args)}")
+
+
+def input_mismatch(
+    name: str,
+    value: object,
+    sizes: tuple,
+    strides: tuple,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> None:
+    """Raise an error naming the input and the first property that differs."""
+    if not isinstance(value, torch.Tensor):
+        raise InputMismatchError(f"input {name}: expected a tensor, got {type(value).__name__}")
+    if value.dtype != dtype:
+        raise InputMismatchError(f"input {name}: expected dtype {dtype}, got {value.dtype}")
+    if value.device != device:
+        raise InputMismatchError(f"input {name}: expected device {device}, got {value.device}")
+    if tuple(value.shape) != tuple(sizes):
+        raise InputMismatchError(f"input {name}: expected shape {tuple(sizes)}, got {tuple(value.shape)}")
+    actual = value.stride()
+    for dim, want in enumerate(strides):
+        if want is not None and actual[dim] != want:
+            shown = tuple("*" if s is None else s for s in strides)
+            raise InputMismatchError(f"input {name}: expected strides {shown}, got {actual}")
+    raise InputMismatchError(f"input {name}: does not match the compiled program")
+
+
+def scalar_mismatch(name: str, value: object, expected: object) -> None:
+    raise InputMismatchError(f"input {name}: the program was compiled for the value {expected!r}, got {value!r}")
+
+
+def symbol_out_of_range(symbol: str, value: int, low: int, high: int | None) -> None:
+    upper = "inf" if high is None else high
+    raise InputMismatchError(
+        f"size symbol {symbol} = {value} is outside [{low}, {upper}], the range the program was compiled for"
+    )
+
+
+def assert_finite(name: str, value: torch.Tensor) -> None:
+    if not bool(torch.isfinite(value).all()):
+        raise FloatingPointError(f"output {name} contains NaN or Inf")

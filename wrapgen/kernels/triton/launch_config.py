@@ -1,0 +1,41 @@
+"""Launch configuration of a generated Triton kernel: block sizes and warps from the problem size,
+and whether a reduction keeps whole rows in registers (persistent) or loops over them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+PERSISTENT_LIMIT = 8192
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Block sizes and warps, chosen from the problem size."""
+
+    xblock: int
+    rblock: int | None
+    num_warps: int
+    persistent: bool
+
+
+def choose_config(xnumel: sympy.Expr, rnumel: sympy.Expr | None, hint: dict) -> LaunchConfig:
+    x = int(sympy.sympify(xnumel).xreplace(hint)) if hint is not None else 1
+    if rnumel is None:  # pointwise: 1024 elements per program for large problems, fewer for small
+        xblock = min(1024, next_pow2(max(x, 1)))
+        return LaunchConfig(xblock, None, max(1, min(4, xblock // 256)), False)
+    r_static = sympy.sympify(rnumel).is_Integer
+    r = int(sympy.sympify(rnumel).xreplace(hint))
+    if r_static and r <= PERSISTENT_LIMIT:
+        rblock = next_pow2(max(r, 1))
+        xblock = max(1, min(next_pow2(max(x, 1)), 4096 // rblock, 64))
+        warps = max(1, min(16, xblock * rblock // 256))
+        return LaunchConfig(xblock, rblock, warps, True)
+    rblock = min(2048, next_pow2(max(r, 1)))
+    xblock = 1 if r >= 256 else max(1, min(64, 2048 // rblock, next_pow2(max(x, 1))))
+    return LaunchConfig(xblock, rblock, max(1, min(8, xblock * rblock // 256)), False)

@@ -1,0 +1,112 @@
+"""What each reduction kind means in a generated Triton kernel: its accumulator type and
+identity, how a block combines across the reduced axis, and how the result is finished.
+
+A mixin of `TritonKernelCodegen`, which drives the persistent and looped passes and provides
+`tmp`, `var_axes`, `helpers`, `_block` and `needs_rmask`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from wrapgen.kernels.triton.ops import ARG_REDUCTIONS, TL, SourceWriter, literal
+from wrapgen.lowering.scheduler import Member
+
+
+class ReductionRenderer:
+    def _reduce_nothing(self, m: Member, var: str, w: SourceWriter) -> str:
+        """A reduction over no dimensions (e.g. of a 0-dim tensor): each element is its own result."""
+        kind = m.node.reduction
+        if kind in ARG_REDUCTIONS:
+            text = f"tl.zeros_like({var}).to(tl.int64)"
+        elif kind in ("any", "all"):
+            text = f"({var} != 0)"
+        elif m.node.body.dtype != m.node.dtype:
+            text = f"{var}.to({TL[m.node.dtype]})"
+        else:
+            return var
+        name = self.tmp()
+        w.line(f"{name} = {text}")
+        self.var_axes[name] = self.var_axes.get(var, frozenset())
+        return name
+
+    def _reduce_input(self, m: Member, var: str, level_mask: bool) -> str:
+        """The value to accumulate, in the accumulator type, with masked lanes at the identity."""
+        acc_t = self._acc_dtype(m)
+        v = self._block(var, m.node.body.dtype, "inner")
+        if m.node.reduction in ("any", "all"):
+            v = f"({v} != 0).to(tl.int8)"
+        elif m.node.body.dtype != acc_t:
+            v = f"{v}.to({TL[acc_t]})"
+        if level_mask and self.needs_rmask:
+            v = f"tl.where(rmask, {v}, {self._identity(m)})"
+        return v
+
+    def _acc_dtype(self, m: Member) -> torch.dtype:
+        kind, dtype = m.node.reduction, m.node.dtype
+        if kind in ARG_REDUCTIONS:
+            return m.node.body.dtype  # the best value so far; its index is tracked beside it
+        if kind in ("any", "all"):
+            return torch.int8
+        if kind in ("sum", "prod"):
+            return dtype if dtype.is_floating_point else torch.int64
+        return m.node.body.dtype
+
+    def _identity(self, m: Member) -> str:
+        return f"tl.full([], {self._identity_literal(m)}, {TL[self._acc_dtype(m)]})"
+
+    def _identity_literal(self, m: Member) -> str:
+        acc = self._acc_dtype(m)
+        kind = m.node.reduction
+        if kind == "sum" or kind == "any":
+            value: object = 0
+        elif kind == "prod" or kind == "all":
+            value = 1
+        elif acc.is_floating_point:
+            value = -math.inf if kind in ("max", "argmax") else math.inf
+        elif acc == torch.bool:
+            value = kind == "min"
+        else:
+            info = torch.iinfo(acc)
+            value = info.min if kind in ("max", "argmax") else info.max
+        return literal(value, acc)
+
+    def _combine_across(self, m: Member, v: str) -> str:
+        """Reduce a [XBLOCK, RBLOCK] block over the reduced axis to [XBLOCK, 1]."""
+        kind, acc = m.node.reduction, self._acc_dtype(m)
+        if kind == "sum":
+            text = f"tl.sum({v}, 1)"
+        elif kind == "prod":
+            self.helpers.add("_wg_prod")
+            text = f"tl.reduce({v}, 1, _wg_prod)"
+        elif kind in ("max", "min") and acc.is_floating_point:
+            fn = "_wg_maximum" if kind == "max" else "_wg_minimum"
+            self.helpers.add(fn)
+            text = f"tl.reduce({v}, 1, {fn})"
+        elif kind in ("max", "any"):
+            text = f"tl.max({v}, 1)"
+        else:
+            text = f"tl.min({v}, 1)"
+        return f"{text}[:, None]"
+
+    def _elementwise_extreme(self, m: Member, acc: str, update: str) -> str:
+        largest = m.node.reduction in ("max", "any")
+        if self._acc_dtype(m).is_floating_point:
+            fn = "_wg_maximum" if largest else "_wg_minimum"
+            self.helpers.add(fn)
+            return f"{fn}({acc}, {update})"
+        return f"tl.{'maximum' if largest else 'minimum'}({acc}, {update})"
+
+    def _finalize(self, m: Member, reduced: str) -> str:
+        if m.node.reduction in ("any", "all"):
+            return f"({reduced} != 0)"
+        if self._acc_dtype(m) != m.node.dtype:
+            return f"{reduced}.to({TL[m.node.dtype]})"
+        return reduced
+
+    def _arg_reduce(self, m: Member, values: str, indices: str) -> str:
+        """The winning index of a [XBLOCK, RBLOCK] block of (value, index) pairs, as [XBLOCK, 1]."""
+        self.helpers.add(f"_wg_{m.node.reduction}")
+        return f"tl.reduce(({values}, {indices}), 1, _wg_{m.node.reduction})[1][:, None]"

@@ -1,0 +1,145 @@
+"""What every loop lowering shares: the registry of lowerings (`register`, `supported`), the
+`LoopContext` they are handed, and the helpers that turn fx arguments into bodies."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import sympy
+import torch
+import torch.fx
+
+from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, LoopValue, row_vars
+
+SUPPORTED_DTYPES = frozenset(
+    {torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}
+)
+
+
+class LoopContext(Protocol):
+    def value(self, arg: object) -> LoopValue: ...
+    def shape(self, values: object) -> tuple[sympy.Expr, ...]: ...
+    def reduce(self, value: LoopValue, dims: tuple[int, ...], keepdim: bool, kind: str, dtype: torch.dtype, origin: str) -> LoopValue: ...
+    def computed_once(self, arg: torch.fx.Node) -> LoopValue: ...
+    def in_memory(self, arg: torch.fx.Node) -> LoopValue: ...
+
+
+Lowering = Callable[[LoopContext, torch.fx.Node], object]
+LOWERINGS: dict[str, Lowering] = {}
+CHECKS: dict[str, Callable[[torch.fx.Node], bool]] = {}
+VIEW_OPS: set[str] = set()
+
+
+def register(*names: str, check: Callable[[torch.fx.Node], bool] | None = None, view: bool = False):
+    def wrap(fn: Lowering) -> Lowering:
+        for name in names:
+            LOWERINGS[name] = fn
+            if check is not None:
+                CHECKS[name] = check
+            if view:
+                VIEW_OPS.add(name)
+        return fn
+
+    return wrap
+
+
+def op_key(node: torch.fx.Node) -> str:
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return ""
+    return f"{target._schema.name}.{target._overloadname}"
+
+
+def supported(node: torch.fx.Node, device_type: str = "cpu") -> bool:
+    """Whether `node` has a loop lowering for these arguments and dtypes, on `device_type`."""
+    key = op_key(node)
+    if key not in LOWERINGS:
+        return False
+    fakes = node.meta.get("val")
+    outs = fakes if isinstance(fakes, (list, tuple)) else [fakes]
+    for f in outs:
+        if not isinstance(f, torch.Tensor) or f.dtype not in SUPPORTED_DTYPES or f.device.type != device_type:
+            return False
+        if any(is_unbacked(s) for s in f.shape):
+            return False
+    for arg in node.all_input_nodes:
+        f = arg.meta.get("val")
+        if isinstance(f, torch.Tensor) and (f.dtype not in SUPPORTED_DTYPES or f.device.type != device_type):
+            return False
+        if not isinstance(f, (torch.Tensor, torch.SymInt, int)) or isinstance(f, bool):  # no float sizes
+            return False
+        if isinstance(f, torch.Tensor) and any(is_unbacked(s) for s in f.shape):
+            return False
+    check = CHECKS.get(key)
+    return check is None or check(node)
+
+
+def is_unbacked(size: object) -> bool:
+    return isinstance(size, torch.SymInt) and any(str(s).startswith("u") for s in size.node.expr.free_symbols)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def fake(node: object) -> torch.Tensor | object:
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else node
+
+
+def arg(node: torch.fx.Node, index: int, name: str, default: object = None) -> object:
+    if index < len(node.args):
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def out_fake(node: torch.fx.Node) -> torch.Tensor:
+    return node.meta["val"]
+
+
+def cast(body: Body, dtype: torch.dtype) -> Body:
+    if body.dtype == dtype:
+        return body
+    if isinstance(body, Const):
+        return Const(convert_scalar(body.value, dtype), dtype)
+    return Apply("cast", (body,), dtype)
+
+
+def convert_scalar(value: object, dtype: torch.dtype) -> object:
+    if dtype == torch.bool:
+        return bool(value)
+    if dtype.is_floating_point:
+        return float(value)
+    return int(value)
+
+
+def broadcast(value: LoopValue, sizes: tuple[sympy.Expr, ...]) -> Body:
+    """`value`'s body at the output index of a `sizes`-shaped result (right-aligned broadcast)."""
+    out = row_vars(len(sizes))
+    offset = len(sizes) - len(value.sizes)
+    index = tuple(
+        sympy.Integer(0) if sympy.sympify(s) == 1 and sympy.sympify(sizes[d + offset]) != 1 else out[d + offset]
+        for d, s in enumerate(value.sizes)
+    )
+    return value.at(index)
+
+
+def operand(ctx: LoopContext, x: object, sizes: tuple, dtype: torch.dtype) -> Body:
+    """An argument (tensor node, number or size expression) as a body of `dtype` at the output index."""
+    if isinstance(x, torch.fx.Node):
+        return cast(broadcast(ctx.value(x), sizes), dtype)
+    if isinstance(x, sympy.Basic):
+        return cast(IndexValue(x, torch.int64), dtype)
+    return Const(convert_scalar(x, dtype), dtype)
+
+
+def _scalar_ok(x: object) -> bool:
+    return isinstance(x, (torch.fx.Node, bool, int, float)) and not isinstance(x, complex)
+
+
+def all_args_ok(node: torch.fx.Node) -> bool:
+    values = list(node.args) + list(node.kwargs.values())
+    return all(_scalar_ok(v) or v is None or isinstance(v, (str, torch.dtype, torch.device, torch.layout, torch.memory_format)) for v in values)
+
+
+def zero(dtype: torch.dtype) -> Const:
+    return Const(convert_scalar(0, dtype), dtype)

@@ -1,0 +1,262 @@
+"""Pointwise ops as loop bodies: arithmetic, comparisons, unary math, where/clamp, casts and
+constants, and the activations with Scalar parameters (gelu, elu, leaky_relu, hardtanh)."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from wrapgen.lowering.loop_ir import Apply, Const, IndexValue, LoopValue, row_vars
+from wrapgen.lowering.loop_ops.common import (
+    LoopContext,
+    Lowering,
+    all_args_ok,
+    arg,
+    broadcast,
+    cast,
+    convert_scalar,
+    fake,
+    operand,
+    out_fake,
+    register,
+    zero,
+)
+
+_BINARY = {
+    "aten::add": "add", "aten::sub": "sub", "aten::rsub": "rsub", "aten::mul": "mul", "aten::div": "div",
+    "aten::maximum": "maximum", "aten::minimum": "minimum", "aten::pow": "pow",
+    "aten::bitwise_and": "bitwise_and", "aten::bitwise_or": "bitwise_or", "aten::bitwise_xor": "bitwise_xor",
+    "aten::fmod": "fmod", "aten::remainder": "remainder", "aten::atan2": "atan2",
+}
+_COMPARE = {"aten::eq": "eq", "aten::ne": "ne", "aten::lt": "lt", "aten::le": "le", "aten::gt": "gt", "aten::ge": "ge"}
+_LOGICAL = {"aten::logical_and": "and", "aten::logical_or": "or", "aten::logical_xor": "xor"}
+_UNARY_FLOAT = [
+    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sigmoid", "tanh", "erf",
+    "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "reciprocal",
+]
+_UNARY_SAME = ["neg", "abs", "floor", "ceil", "trunc", "round", "sign", "relu", "bitwise_not"]
+
+
+def _binary_check(node: torch.fx.Node) -> bool:
+    if not all_args_ok(node) or node.kwargs.get("rounding_mode") is not None:
+        return False
+    dtype = out_fake(node).dtype
+    name = node.target._schema.name
+    if name in ("aten::pow",) and not dtype.is_floating_point:
+        return False
+    if name in ("aten::fmod", "aten::remainder", "aten::atan2") and not dtype.is_floating_point:
+        return False
+    if name.startswith("aten::bitwise") and dtype.is_floating_point:
+        return False
+    return True
+
+
+def _binary(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    sizes = ctx.shape(out.shape)
+    dtype = out.dtype
+    name = _BINARY[node.target._schema.name]
+    a = operand(ctx, node.args[0], sizes, dtype)
+    b = operand(ctx, node.args[1], sizes, dtype)
+    alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else None)
+    if alpha is not None and alpha != 1:
+        b = Apply("mul", (b, Const(convert_scalar(alpha, dtype), dtype)), dtype)
+    if name == "rsub":
+        a, b, name = b, a, "sub"
+    if name == "pow" and isinstance(b, Const) and b.value in (2, 2.0):
+        return LoopValue(sizes, Apply("mul", (a, a), dtype), dtype)
+    if name == "pow" and isinstance(b, Const) and b.value in (0.5,):
+        return LoopValue(sizes, Apply("sqrt", (a,), dtype), dtype)
+    return LoopValue(sizes, Apply(name, (a, b), dtype), dtype)
+
+
+def _compare(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    sizes = ctx.shape(out.shape)
+    x, y = node.args[0], node.args[1]
+    compute = torch.result_type(fake(x), fake(y) if isinstance(y, torch.fx.Node) else y)
+    a, b = operand(ctx, x, sizes, compute), operand(ctx, y, sizes, compute)
+    return LoopValue(sizes, Apply(_COMPARE[node.target._schema.name], (a, b), torch.bool), torch.bool)
+
+
+def _logical(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    sizes = ctx.shape(out.shape)
+    a, b = operand(ctx, node.args[0], sizes, torch.bool), operand(ctx, node.args[1], sizes, torch.bool)
+    body = cast(Apply(_LOGICAL[node.target._schema.name], (a, b), torch.bool), out.dtype)
+    return LoopValue(sizes, body, out.dtype)
+
+
+def _logical_not(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    sizes = ctx.shape(out.shape)
+    body = cast(Apply("not", (operand(ctx, node.args[0], sizes, torch.bool),), torch.bool), out.dtype)
+    return LoopValue(sizes, body, out.dtype)
+
+
+def _unary(op: str) -> Lowering:
+    def lower(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+        out = out_fake(node)
+        sizes = ctx.shape(out.shape)
+        return LoopValue(sizes, Apply(op, (operand(ctx, node.args[0], sizes, out.dtype),), out.dtype), out.dtype)
+
+    return lower
+
+
+def _float_out(node: torch.fx.Node) -> bool:
+    return out_fake(node).dtype.is_floating_point and all_args_ok(node)
+
+
+for _name in _BINARY:
+    for _overload in ("Tensor", "Scalar", "default"):
+        register(f"{_name}.{_overload}", check=_binary_check)(_binary)
+register("aten::pow.Tensor_Scalar", "aten::pow.Tensor_Tensor", check=_binary_check)(_binary)
+for _name in _COMPARE:
+    register(f"{_name}.Tensor", f"{_name}.Scalar", check=all_args_ok)(_compare)
+for _name in _LOGICAL:
+    register(f"{_name}.default", check=all_args_ok)(_logical)
+register("aten::logical_not.default")(_logical_not)
+for _op in _UNARY_FLOAT:
+    register(f"aten::{_op}.default", check=_float_out)(_unary(_op))
+for _op in _UNARY_SAME:
+    _check = (lambda n: not out_fake(n).dtype.is_floating_point) if _op == "bitwise_not" else (
+        (lambda n: out_fake(n).dtype != torch.bool) if _op in ("neg", "sign", "abs") else None
+    )
+    register(f"aten::{_op}.default", check=_check)(_unary(_op))
+
+
+@register("aten::isnan.default")
+def _isnan(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    x = node.args[0]
+    sizes = ctx.shape(out_fake(node).shape)
+    source = ctx.value(x)
+    body = Apply("isnan", (broadcast(source, sizes),), torch.bool) if source.dtype.is_floating_point else Const(False, torch.bool)
+    return LoopValue(sizes, body, torch.bool)
+
+
+@register("aten::where.self", "aten::where.ScalarSelf", "aten::where.ScalarOther", "aten::where.Scalar", check=all_args_ok)
+def _where(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    sizes = ctx.shape(out.shape)
+    cond = operand(ctx, node.args[0], sizes, torch.bool)
+    a, b = operand(ctx, node.args[1], sizes, out.dtype), operand(ctx, node.args[2], sizes, out.dtype)
+    return LoopValue(sizes, Apply("where", (cond, a, b), out.dtype), out.dtype)
+
+
+def _clamp_check(node: torch.fx.Node) -> bool:
+    return all_args_ok(node) and out_fake(node).dtype != torch.bool
+
+
+@register("aten::clamp.default", "aten::clamp.Tensor", "aten::clamp_min.default", "aten::clamp_max.default",
+          "aten::clamp_min.Tensor", "aten::clamp_max.Tensor", check=_clamp_check)
+def _clamp(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    sizes = ctx.shape(out.shape)
+    body = operand(ctx, node.args[0], sizes, out.dtype)
+    name = node.target._schema.name
+    low = arg(node, 1, "min") if name != "aten::clamp_max" else None
+    high = arg(node, 2, "max") if name == "aten::clamp" else (arg(node, 1, "max") if name == "aten::clamp_max" else None)
+    if low is not None:
+        body = Apply("clamp_min", (body, operand(ctx, low, sizes, out.dtype)), out.dtype)
+    if high is not None:
+        body = Apply("clamp_max", (body, operand(ctx, high, sizes, out.dtype)), out.dtype)
+    return LoopValue(sizes, body, out.dtype)
+
+
+def _gelu_check(node: torch.fx.Node) -> bool:
+    return _float_out(node) and node.kwargs.get("approximate", arg(node, 1, "approximate", "none")) in ("none", "tanh")
+
+
+@register("aten::gelu.default", check=_gelu_check)
+def _gelu(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    sizes, dtype = ctx.shape(out.shape), out.dtype
+    x = operand(ctx, node.args[0], sizes, dtype)
+    approximate = node.kwargs.get("approximate", arg(node, 1, "approximate", "none"))
+    op = "gelu_tanh" if approximate == "tanh" else "gelu"
+    return LoopValue(sizes, Apply(op, (x,), dtype), dtype)
+
+
+def _to_copy_check(node: torch.fx.Node) -> bool:
+    source = fake(node.args[0])
+    out = out_fake(node)
+    allowed = {"dtype", "layout", "device", "memory_format", "pin_memory", "non_blocking"}
+    return (
+        isinstance(source, torch.Tensor)
+        and set(node.kwargs) <= allowed
+        and len(node.args) == 1
+        and source.device == out.device
+        and out.layout == torch.strided
+    )
+
+
+@register("aten::_to_copy.default", "aten::clone.default", check=_to_copy_check)
+def _copy(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    sizes = ctx.shape(out.shape)
+    return LoopValue(sizes, operand(ctx, node.args[0], sizes, out.dtype), out.dtype)
+
+
+@register("aten::full.default", "aten::scalar_tensor.default", check=lambda n: all_args_ok(n))
+def _full(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    sizes = ctx.shape(out.shape)
+    value = node.args[1] if node.target._schema.name == "aten::full" else node.args[0]
+    if isinstance(value, torch.fx.Node):
+        return LoopValue(sizes, operand(ctx, value, (), out.dtype), out.dtype)
+    return LoopValue(sizes, Const(convert_scalar(value, out.dtype), out.dtype), out.dtype)
+
+
+def _arange_check(node: torch.fx.Node) -> bool:
+    """Start and step must be numbers; the end only sets the length (the output's size)."""
+    args = list(node.args)
+    fixed = [] if len(args) == 1 else [args[0]] + args[2:3]
+    return all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in fixed)
+
+
+@register("aten::arange.start_step", "aten::arange.default", "aten::arange.start", check=_arange_check)
+def _arange(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    sizes, dtype = ctx.shape(out.shape), out.dtype
+    args = list(node.args)
+    start, step = (0, 1) if len(args) == 1 else (args[0], args[2] if len(args) > 2 else 1)
+    x = row_vars(1)[0]
+    if all(isinstance(v, int) for v in (start, step)):
+        return LoopValue(sizes, cast(IndexValue(start + step * x, torch.int64), dtype), dtype)
+    compute = torch.float64
+    body = Apply("add", (Const(float(start), compute), Apply("mul", (cast(IndexValue(x, torch.int64), compute), Const(float(step), compute)), compute)), compute)
+    return LoopValue(sizes, cast(body, dtype), dtype)
+
+
+# -- activations with Scalar parameters --------------------------------------------------------
+
+
+@register("aten::elu.default", check=lambda n: _float_out(n) and all(isinstance(a, (int, float)) for a in n.args[1:]))
+def _elu(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    """scale * x for x > 0, else scale * alpha * (exp(x * input_scale) - 1) (elu, selu, celu)."""
+    out = out_fake(node)
+    sizes, dtype = ctx.shape(out.shape), out.dtype
+    alpha, scale, input_scale = (float(arg(node, i, n, 1.0)) for i, n in ((1, "alpha"), (2, "scale"), (3, "input_scale")))
+    x = operand(ctx, node.args[0], sizes, dtype)
+    negative = Apply("mul", (Apply("expm1", (Apply("mul", (x, Const(input_scale, dtype)), dtype),), dtype),
+                             Const(alpha * scale, dtype)), dtype)
+    positive = Apply("mul", (x, Const(scale, dtype)), dtype)
+    return LoopValue(sizes, Apply("where", (Apply("gt", (x, zero(dtype)), torch.bool), positive, negative), dtype), dtype)
+
+
+@register("aten::leaky_relu.default", check=lambda n: _float_out(n) and isinstance(arg(n, 1, "negative_slope", 0.01), (int, float)))
+def _leaky_relu(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    sizes, dtype = ctx.shape(out.shape), out.dtype
+    x = operand(ctx, node.args[0], sizes, dtype)
+    slope = Const(float(arg(node, 1, "negative_slope", 0.01)), dtype)
+    return LoopValue(sizes, Apply("where", (Apply("gt", (x, zero(dtype)), torch.bool), x, Apply("mul", (x, slope), dtype)), dtype), dtype)
+
+
+@register("aten::hardtanh.default", check=lambda n: _clamp_check(n) and all(isinstance(a, (int, float)) for a in n.args[1:]))
+def _hardtanh(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    sizes, dtype = ctx.shape(out.shape), out.dtype
+    low, high = (operand(ctx, arg(node, i, n, d), sizes, dtype) for i, n, d in ((1, "min_val", -1.0), (2, "max_val", 1.0)))
+    body = Apply("clamp_max", (Apply("clamp_min", (operand(ctx, node.args[0], sizes, dtype), low), dtype), high), dtype)
+    return LoopValue(sizes, body, dtype)

@@ -1,0 +1,278 @@
+"""Reductions as loop bodies: sum, prod, mean, amax/amin, argmax/argmin, any/all, and the
+decompositions built on them (var, softmax, log_softmax, layer_norm, vector norms)."""
+
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+import torch.fx
+
+from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, LoopValue, row_vars
+from wrapgen.lowering.loop_ops.common import (
+    LoopContext,
+    arg,
+    broadcast,
+    cast,
+    fake,
+    op_key,
+    operand,
+    out_fake,
+    register,
+    zero,
+)
+
+
+def _dims(node: torch.fx.Node, index: int, name: str) -> tuple[int, ...]:
+    rank = fake(node.args[0]).dim()
+    dims = arg(node, index, name, None)
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return tuple(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return tuple(sorted({d % max(rank, 1) for d in dims})) if rank else ()
+
+
+def _reduction_check(node: torch.fx.Node) -> bool:
+    source = fake(node.args[0])
+    return isinstance(source, torch.Tensor) and _all_args_ok_lists(node)
+
+
+def _all_args_ok_lists(node: torch.fx.Node) -> bool:
+    return all(not isinstance(a, torch.fx.Node) for a in list(node.args[1:]) + list(node.kwargs.values()))
+
+
+def _keepdim(node: torch.fx.Node, index: int) -> bool:
+    return bool(arg(node, index, "keepdim", False))
+
+
+def _count(ctx: LoopContext, node: torch.fx.Node, dims: tuple[int, ...]) -> sympy.Expr:
+    sizes = ctx.shape(fake(node.args[0]).shape)
+    return sympy.Mul(*[sizes[d] for d in dims]) if dims else sympy.Integer(1)
+
+
+@register("aten::sum.dim_IntList", "aten::sum.default", check=_reduction_check)
+def _sum(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    dims = _dims(node, 1, "dim") if op_key(node) != "aten::sum.default" else tuple(range(fake(node.args[0]).dim()))
+    keep = _keepdim(node, 2) if op_key(node) != "aten::sum.default" else False
+    value = ctx.value(node.args[0])
+    value = LoopValue(value.sizes, cast(value.body, out.dtype), out.dtype)
+    return ctx.reduce(value, dims, keep, "sum", out.dtype, "sum")
+
+
+@register("aten::prod.dim_int", "aten::prod.default", check=_reduction_check)
+def _prod(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    default = op_key(node) == "aten::prod.default"
+    dims = tuple(range(fake(node.args[0]).dim())) if default else _dims(node, 1, "dim")
+    value = ctx.value(node.args[0])
+    value = LoopValue(value.sizes, cast(value.body, out.dtype), out.dtype)
+    return ctx.reduce(value, dims, False if default else _keepdim(node, 2), "prod", out.dtype, "prod")
+
+
+@register("aten::mean.dim", "aten::mean.default", check=lambda n: _reduction_check(n) and out_fake(n).dtype.is_floating_point)
+def _mean(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    default = op_key(node) == "aten::mean.default"
+    dims = tuple(range(fake(node.args[0]).dim())) if default else _dims(node, 1, "dim")
+    value = ctx.value(node.args[0])
+    value = LoopValue(value.sizes, cast(value.body, out.dtype), out.dtype)
+    total = ctx.reduce(value, dims, False if default else _keepdim(node, 2), "sum", out.dtype, "mean")
+    count = cast(IndexValue(_count(ctx, node, dims), torch.int64), out.dtype)
+    return LoopValue(total.sizes, Apply("div", (total.body, count), out.dtype), out.dtype)
+
+
+@register("aten::amax.default", "aten::amin.default", "aten::max.default", "aten::min.default", check=_reduction_check)
+def _amax(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    name = node.target._schema.name
+    whole = name in ("aten::max", "aten::min")
+    dims = tuple(range(fake(node.args[0]).dim())) if whole else _dims(node, 1, "dim")
+    kind = "max" if name in ("aten::amax", "aten::max") else "min"
+    return ctx.reduce(ctx.value(node.args[0]), dims, False if whole else _keepdim(node, 2), kind, out.dtype, kind)
+
+
+def _arg_check(node: torch.fx.Node) -> bool:
+    source = fake(node.args[0])
+    return _reduction_check(node) and source.dtype != torch.bool and source.dim() > 0 and source.numel() != 0
+
+
+@register("aten::argmax.default", "aten::argmin.default", check=_arg_check)
+def _argmax(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    """The index of the first largest (smallest) element; NaN counts as largest (and smallest)."""
+    dim = arg(node, 1, "dim")
+    whole = dim is None
+    dims = tuple(range(fake(node.args[0]).dim())) if whole else _dims(node, 1, "dim")
+    kind = "argmax" if node.target._schema.name == "aten::argmax" else "argmin"
+    return ctx.reduce(ctx.value(node.args[0]), dims, _keepdim(node, 2), kind, torch.int64, kind)
+
+
+@register("aten::any.dim", "aten::any.dims", "aten::any.default", "aten::all.dim", "aten::all.dims", "aten::all.default", check=_reduction_check)
+def _any(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    whole = op_key(node).endswith(".default")
+    dims = tuple(range(fake(node.args[0]).dim())) if whole else _dims(node, 1, "dim")
+    value = ctx.value(node.args[0])
+    value = LoopValue(value.sizes, cast(value.body, torch.bool), torch.bool)
+    kind = "any" if node.target._schema.name == "aten::any" else "all"
+    result = ctx.reduce(value, dims, False if whole else _keepdim(node, 2), kind, torch.bool, kind)
+    return LoopValue(result.sizes, cast(result.body, out.dtype), out.dtype)
+
+
+def _two_pass_variance(ctx: LoopContext, value: LoopValue, dims: tuple[int, ...], count: sympy.Expr, origin: str) -> tuple[LoopValue, LoopValue]:
+    """(mean, sum of squared deviations), both with keepdim=True."""
+    dtype = value.dtype
+    total = ctx.reduce(value, dims, True, "sum", dtype, origin)
+    n = cast(IndexValue(count, torch.int64), dtype)
+    mean = LoopValue(total.sizes, Apply("div", (total.body, n), dtype), dtype)
+    deviation = Apply("sub", (value.body, broadcast(mean, value.sizes)), dtype)
+    squares = LoopValue(value.sizes, Apply("mul", (deviation, deviation), dtype), dtype)
+    return mean, ctx.reduce(squares, dims, True, "sum", dtype, origin)
+
+
+def _var_check(node: torch.fx.Node) -> bool:
+    correction = node.kwargs.get("correction", 1)
+    return _reduction_check(node) and out_fake(node).dtype.is_floating_point and isinstance(correction, (int, float, type(None)))
+
+
+@register("aten::var.correction", check=_var_check)
+def _var(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    dims = _dims(node, 1, "dim")
+    correction = node.kwargs.get("correction")
+    correction = 1 if correction is None else correction
+    count = _count(ctx, node, dims)
+    value = ctx.value(node.args[0])
+    _, squares = _two_pass_variance(ctx, value, dims, count, "var")
+    denominator = Apply("sub", (cast(IndexValue(count, torch.int64), out.dtype), Const(float(correction), out.dtype)), out.dtype)
+    denominator = Apply("clamp_min", (denominator, Const(0.0, out.dtype)), out.dtype)
+    var = LoopValue(squares.sizes, Apply("div", (squares.body, denominator), out.dtype), out.dtype)
+    if node.kwargs.get("keepdim", False):
+        return var
+    kept = tuple(s for d, s in enumerate(var.sizes) if d not in dims)
+    index = [sympy.Integer(0)] * len(var.sizes)
+    outer = iter(row_vars(len(kept)))
+    for d in range(len(var.sizes)):
+        if d not in dims:
+            index[d] = next(outer)
+    return LoopValue(kept, var.at(tuple(index)), out.dtype)
+
+
+def _softmax_check(node: torch.fx.Node) -> bool:
+    return out_fake(node).dtype == fake(node.args[0]).dtype and out_fake(node).dtype.is_floating_point
+
+
+def _softmax_parts(ctx: LoopContext, node: torch.fx.Node) -> tuple[LoopValue, Body, Body]:
+    value = ctx.value(node.args[0])
+    dims = _dims(node, 1, "dim")
+    dtype = value.dtype
+    peak = ctx.reduce(value, dims, True, "max", dtype, "softmax")
+    shifted = Apply("sub", (value.body, broadcast(peak, value.sizes)), dtype)
+    exps = LoopValue(value.sizes, Apply("exp", (shifted,), dtype), dtype)
+    total = ctx.reduce(exps, dims, True, "sum", dtype, "softmax")
+    return value, shifted, broadcast(total, value.sizes)
+
+
+@register("aten::_softmax.default", check=_softmax_check)
+def _softmax(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    value, shifted, total = _softmax_parts(ctx, node)
+    dtype = value.dtype
+    return LoopValue(value.sizes, Apply("div", (Apply("exp", (shifted,), dtype), total), dtype), dtype)
+
+
+@register("aten::_log_softmax.default", check=_softmax_check)
+def _log_softmax(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    value, shifted, total = _softmax_parts(ctx, node)
+    dtype = value.dtype
+    return LoopValue(value.sizes, Apply("sub", (shifted, Apply("log", (total,), dtype)), dtype), dtype)
+
+
+def _layer_norm_check(node: torch.fx.Node) -> bool:
+    source = fake(node.args[0])
+    return (
+        isinstance(source, torch.Tensor)
+        and source.dtype.is_floating_point
+        and all(isinstance(a, (torch.fx.Node, type(None))) for a in node.args[2:4])
+        and isinstance(node.args[4], float)
+    )
+
+
+@register("aten::native_layer_norm.default", check=_layer_norm_check)
+def _layer_norm(ctx: LoopContext, node: torch.fx.Node) -> tuple[LoopValue, LoopValue, LoopValue]:
+    value = ctx.value(node.args[0])
+    rank, normalized = len(value.sizes), len(node.args[1])
+    dims = tuple(range(rank - normalized, rank))
+    dtype = value.dtype
+    count = sympy.Mul(*[value.sizes[d] for d in dims])
+    mean, squares = _two_pass_variance(ctx, value, dims, count, "layer_norm")
+    n = cast(IndexValue(count, torch.int64), dtype)
+    var = Apply("div", (squares.body, n), dtype)
+    rstd = LoopValue(squares.sizes, Apply("rsqrt", (Apply("add", (var, Const(float(node.args[4]), dtype)), dtype),), dtype), dtype)
+    out = Apply("mul", (Apply("sub", (value.body, broadcast(mean, value.sizes)), dtype), broadcast(rstd, value.sizes)), dtype)
+    weight, bias = node.args[2], node.args[3]
+    if weight is not None:
+        out = Apply("mul", (out, operand(ctx, weight, value.sizes, dtype)), dtype)
+    if bias is not None:
+        out = Apply("add", (out, operand(ctx, bias, value.sizes, dtype)), dtype)
+    return LoopValue(value.sizes, out, dtype), mean, rstd
+
+
+BASIC_NORM_ORDERS = (0, 1, 2, math.inf, -math.inf)  # other orders need pow (kernel_lowering may exclude them)
+
+
+def norm_order(node: torch.fx.Node) -> object:
+    if op_key(node) == "aten::dist.default":
+        return arg(node, 2, "p", 2)
+    return arg(node, 1, "ord", 2)
+
+
+def _vector_norm_check(node: torch.fx.Node) -> bool:
+    source = fake(node.args[0])
+    order = norm_order(node)
+    tensors = 2 if op_key(node) == "aten::dist.default" else 1
+    if any(isinstance(a, torch.fx.Node) for a in list(node.args[tensors:]) + list(node.kwargs.values())):
+        return False
+    return (out_fake(node).dtype.is_floating_point and isinstance(source, torch.Tensor)
+            and source.dtype.is_floating_point and isinstance(order, (int, float)) and not isinstance(order, bool)
+            and not (order in (math.inf, -math.inf) and source.numel() == 0))
+
+
+@register("aten::linalg_vector_norm.default", "aten::dist.default", check=_vector_norm_check)
+def _vector_norm(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    """ord 2: sqrt of the sum of squares; 1: sum of |x|; +-inf: max / min of |x|; 0: count of
+    nonzeros; p: (sum |x|^p)^(1/p). `dist(a, b, p)` is the norm of a - b over every dim."""
+    out = out_fake(node)
+    dtype = out.dtype
+    order = norm_order(node)
+    if op_key(node) == "aten::dist.default":
+        sizes = ctx.shape(torch.broadcast_shapes(fake(node.args[0]).shape, fake(node.args[1]).shape))
+        x = Apply("sub", (operand(ctx, node.args[0], sizes, dtype), operand(ctx, node.args[1], sizes, dtype)), dtype)
+        dims, keep = tuple(range(len(sizes))), False
+    else:
+        source = ctx.value(node.args[0])
+        sizes, x = source.sizes, cast(source.body, dtype)
+        rank = len(sizes)
+        dims = arg(node, 2, "dim", None)
+        if rank == 0:  # dim 0 / -1 of a 0-dim tensor: the norm of its one element
+            dims = ()
+        else:
+            dims = tuple(range(rank)) if not dims else tuple(d % rank for d in ((dims,) if isinstance(dims, int) else dims))
+        keep = bool(arg(node, 3, "keepdim", False))
+    magnitude = Apply("abs", (x,), dtype)
+
+    def total(body: Body, kind: str = "sum") -> LoopValue:
+        return ctx.reduce(LoopValue(sizes, body, dtype), dims, keep, kind, dtype, "vector_norm")
+
+    if order == 2:
+        squares = total(Apply("mul", (x, x), dtype))
+        return LoopValue(squares.sizes, Apply("sqrt", (squares.body,), dtype), dtype)
+    if order == 0:
+        return total(cast(Apply("ne", (x, zero(dtype)), torch.bool), dtype))
+    if order == 1:
+        return total(magnitude)
+    if order in (math.inf, -math.inf):
+        return total(magnitude, "max" if order > 0 else "min")
+    powers = total(Apply("pow", (magnitude, Const(float(order), dtype)), dtype))
+    return LoopValue(powers.sizes, Apply("pow", (powers.body, Const(1.0 / float(order), dtype)), dtype), dtype)

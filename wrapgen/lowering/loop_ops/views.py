@@ -1,0 +1,142 @@
+"""Views as index remapping: permute, transpose, expand, reshape, slice, select read their
+source at a remapped index instead of copying it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sympy
+import torch
+import torch.fx
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+from wrapgen.lowering.loop_ir import LoopValue, row_vars
+from wrapgen.lowering.loop_ops.common import LoopContext, arg, broadcast, fake, out_fake, register
+
+
+def _remap(ctx: LoopContext, node: torch.fx.Node, index_of: Callable[[tuple], tuple]) -> LoopValue:
+    out = out_fake(node)
+    sizes = ctx.shape(out.shape)
+    source = ctx.value(node.args[0])
+    return LoopValue(sizes, source.at(index_of(row_vars(len(sizes)))), source.dtype)
+
+
+@register("aten::permute.default", view=True)
+def _permute(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    dims = [d % max(len(node.args[1]), 1) for d in node.args[1]]
+
+    def index_of(out: tuple) -> tuple:
+        index = [sympy.Integer(0)] * len(dims)
+        for i, d in enumerate(dims):
+            index[d] = out[i]
+        return tuple(index)
+
+    return _remap(ctx, node, index_of)
+
+
+@register("aten::transpose.int", view=True)
+def _transpose(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    rank = fake(node.args[0]).dim()
+    a, b = node.args[1] % max(rank, 1), node.args[2] % max(rank, 1)
+
+    def index_of(out: tuple) -> tuple:
+        index = list(out)
+        if rank:
+            index[a], index[b] = out[b], out[a]
+        return tuple(index)
+
+    return _remap(ctx, node, index_of)
+
+
+@register("aten::t.default", view=True)
+def _t(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    return _remap(ctx, node, lambda out: tuple(reversed(out)))
+
+
+@register("aten::expand.default", "aten::alias.default", view=True)
+def _expand(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    out = out_fake(node)
+    sizes = ctx.shape(out.shape)
+    source = ctx.value(node.args[0])
+    return LoopValue(sizes, broadcast(source, sizes), source.dtype)
+
+
+@register("aten::unsqueeze.default", view=True)
+def _unsqueeze(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    rank = out_fake(node).dim()
+    dim = node.args[1] % rank
+    return _remap(ctx, node, lambda out: tuple(v for d, v in enumerate(out) if d != dim))
+
+
+@register("aten::squeeze.dim", "aten::squeeze.dims", "aten::squeeze.default",
+          "aten::view.default", "aten::_unsafe_view.default", "aten::reshape.default", view=True,
+          check=lambda n: isinstance(fake(n.args[0]), torch.Tensor))
+def _reshape(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    """A reshape as index arithmetic; dims of size 1 added or removed map without division."""
+    in_sizes = ctx.shape(fake(node.args[0]).shape)
+    out_sizes = ctx.shape(out_fake(node).shape)
+
+    def index_of(out: tuple) -> tuple:
+        in_kept = [d for d, s in enumerate(in_sizes) if s != 1]
+        out_kept = [d for d, s in enumerate(out_sizes) if s != 1]
+        if [in_sizes[d] for d in in_kept] == [out_sizes[d] for d in out_kept]:
+            index = [sympy.Integer(0)] * len(in_sizes)
+            for i, o in zip(in_kept, out_kept):
+                index[i] = out[o]
+            return tuple(index)
+        linear = sympy.Integer(0)
+        for d, v in enumerate(out):
+            linear = linear * out_sizes[d] + v
+        linear = sympy.expand(linear)
+        index = []
+        for d in range(len(in_sizes)):
+            inner = sympy.Mul(*in_sizes[d + 1 :]) if d + 1 < len(in_sizes) else sympy.Integer(1)
+            if d == 0:
+                index.append(FloorDiv(linear, inner) if inner != 1 else linear)
+            else:
+                index.append(ModularIndexing(linear, inner, in_sizes[d]))
+        return tuple(index)
+
+    return _remap(ctx, node, index_of)
+
+
+def _slice_check(node: torch.fx.Node) -> bool:
+    start = arg(node, 2, "start", None)
+    step = arg(node, 4, "step", 1)
+    size = fake(node.args[0]).shape[arg(node, 1, "dim", 0)]
+    if start is None or start == 0:
+        return isinstance(step, int)
+    if not isinstance(start, int) or not isinstance(step, int):
+        return False
+    return start > 0 or isinstance(size, int)
+
+
+@register("aten::slice.Tensor", view=True, check=_slice_check)
+def _slice(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    source = fake(node.args[0])
+    dim = arg(node, 1, "dim", 0) % source.dim()
+    start = arg(node, 2, "start", None) or 0
+    step = arg(node, 4, "step", 1)
+    if start < 0:
+        start = max(start + int(source.shape[dim]), 0)
+
+    def index_of(out: tuple) -> tuple:
+        index = list(out)
+        index[dim] = start + step * out[dim]
+        return tuple(index)
+
+    return _remap(ctx, node, index_of)
+
+
+@register("aten::select.int", view=True, check=lambda n: isinstance(n.args[2], int) and (n.args[2] >= 0 or isinstance(fake(n.args[0]).shape[n.args[1]], int)))
+def _select(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    source = fake(node.args[0])
+    dim = node.args[1] % source.dim()
+    index_value = node.args[2] if node.args[2] >= 0 else node.args[2] + int(source.shape[dim])
+
+    def index_of(out: tuple) -> tuple:
+        index = list(out)
+        index.insert(dim, sympy.Integer(index_value))
+        return tuple(index)
+
+    return _remap(ctx, node, index_of)
