@@ -19,6 +19,7 @@ import torch
 import wrapgen
 from tests import test_end_to_end as e2e
 from wrapgen.errors import InputMismatchError
+from wrapgen.package_check import write_metadata
 from wrapgen.packaging import PackageError, read_tensor_file, write_tensor_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,12 +43,10 @@ def fallback_package(tmp_path_factory):
     return model, path
 
 
-@pytest.fixture(scope="module")
-def runner(tmp_path_factory) -> Path:
-    """wrapgen_runner, built from this checkout with CMake."""
+def build_runner(build: Path) -> Path:
+    """wrapgen_runner, built from this checkout with CMake into `build` (skips without cmake)."""
     if shutil.which("cmake") is None:
         pytest.skip("cmake is not installed")
-    build = tmp_path_factory.mktemp("cmake")
     torch_dir = os.path.dirname(torch.__file__)
     subprocess.run(
         ["cmake", "-S", str(REPO), "-B", str(build), f"-DTORCH_DIR={torch_dir}", "-DCMAKE_BUILD_TYPE=Release"],
@@ -57,10 +56,15 @@ def runner(tmp_path_factory) -> Path:
     return build / "wrapgen_runner"
 
 
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory) -> Path:
+    return build_runner(tmp_path_factory.mktemp("cmake"))
+
+
 def test_package_layout_and_metadata(mlp_package):
     _, path = mlp_package
     files = {p.name for p in Path(path).iterdir()}
-    assert {"model.so", "weights.bin", "metadata.json"} <= files
+    assert {"model.so", "weights.bin", "metadata.json", "SHA256SUMS"} <= files
     meta = json.loads((Path(path) / "metadata.json").read_text())
     assert meta["inputs"] == [{"name": "x", "kind": "tensor", "dtype": "float32", "device": "cpu", "sizes": ["4", "8"], "strides": ["8", "1"]}]
     assert meta["outputs"] == [{"kind": "tensor"}]
@@ -237,13 +241,13 @@ def test_incompatible_package_is_refused(mlp_package, tmp_path):
     meta = json.loads((broken / "metadata.json").read_text())
     meta["shims"]["aoti_torch_from_the_future"] = "9.99"
     meta["torch_version"] = "9.99.0"
-    (broken / "metadata.json").write_text(json.dumps(meta))
+    write_metadata(broken, meta)  # re-sealed: an edit by hand is refused as damage
     with pytest.raises(PackageError, match=r"aoti_torch_from_the_future \(added in torch 9\.99\)") as info:
         wrapgen.load_package(broken)
     assert "built with torch 9.99.0" in str(info.value)
     meta["shims"].pop("aoti_torch_from_the_future")
     meta["model_abi"] = 99
-    (broken / "metadata.json").write_text(json.dumps(meta))
+    write_metadata(broken, meta)
     with pytest.raises(PackageError, match="model ABI 99"):
         wrapgen.load_package(broken)
 

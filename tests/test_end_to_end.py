@@ -542,6 +542,34 @@ def test_dynamic_torch_compile(case):
     assert_compiled_once(compiles)
 
 
+# Reductions over the batch dim and a middle dim beside a row reduction: the row kernel is
+# generated first and names the host size s0*s1*s2, but runs last (after the kernels it reads),
+# so the size must be defined before the first call that takes it, not where it was named.
+DYNAMIC_REDUCTIONS = {
+    "var_with_softmax": lambda x: torch.softmax(x, 1) + x.var(dim=(0, 1)) * x.sum((0, 2), keepdim=True),
+    "log_softmax_minus_batch_mean": lambda x: torch.log_softmax(x, 1) - x.mean((0, 1)),
+    "layer_norm_times_batch_std": lambda x: F.layer_norm(x, x.shape[-1:]) * x.std((0, 1)),
+    "several_outputs": lambda x: (x.var(dim=(0, 1)), x.sum((0, 2)), torch.softmax(x, 1), x.mean((0, 1))),
+}
+# Batch, middle and last sizes all vary; none is 0, 1 or equal to another (see DYNAMIC_SIZES).
+REDUCTION_SHAPES = ((4, 5, 6), (7, 3, 9), (2, 8, 3))
+
+
+def check_dynamic_reductions(case: str, target: str) -> None:
+    fn = DYNAMIC_REDUCTIONS[case]
+    compiled = wrapgen.compile(fn, (torch.randn(REDUCTION_SHAPES[0]),), dynamic=True, target=target)
+    assert compiled.program.symbols, "a dynamic program has size symbols"
+    for shape in REDUCTION_SHAPES:
+        x = torch.randn(shape)
+        assert_same_result(compiled(x), fn(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["python", "fx", "cpp"])
+@pytest.mark.parametrize("case", list(DYNAMIC_REDUCTIONS))
+def test_dynamic_reductions_over_batch_and_middle(case, target):
+    check_dynamic_reductions(case, target)
+
+
 # -- 10: training through torch.compile -------------------------------------------------------
 
 TRAINING = {

@@ -9,6 +9,8 @@ import pytest
 
 import wrapgen
 from tests.test_end_to_end import (  # noqa: F401  (pytest collects the imported tests)
+    DYNAMIC_REDUCTIONS,
+    check_dynamic_reductions,
     test_conv_bn_pool_net,
     test_dynamic_input_size_is_a_product_of_symbols,
     test_dynamic_input_size_is_an_expression,
@@ -36,3 +38,11 @@ pytestmark = pytest.mark.skipif(
 def triton_kernels():
     with wrapgen.config.patch(cpu_kernels="triton", kernels=True):
         yield
+
+
+# The cpp target launches Triton kernels only on CUDA (their cubins); on CPU tensors they run
+# in the interpreter, which only the Python-hosted targets can call.
+@pytest.mark.parametrize("target", ["python", "fx"])
+@pytest.mark.parametrize("case", list(DYNAMIC_REDUCTIONS))
+def test_dynamic_reductions_over_batch_and_middle(case, target):
+    check_dynamic_reductions(case, target)

@@ -11,6 +11,7 @@ import torch
 import wrapgen
 from wrapgen.backends import PythonEmitter
 from wrapgen.errors import InputMismatchError
+from wrapgen.kernels.triton import compat
 from wrapgen.lowering.symbols import BindingSource, SymbolTable, make_symbol, plan_bindings
 from wrapgen.wrapper_ir import (
     OBSERVED,
@@ -20,11 +21,13 @@ from wrapgen.wrapper_ir import (
     Comment,
     ExternKernel,
     Free,
+    KernelCall,
     KernelDefinition,
     MultiOutput,
     Output,
     Program,
     Reinterpret,
+    SymbolicCallArg,
     SymbolInfo,
     TensorInput,
     TensorRef,
@@ -192,8 +195,34 @@ def test_dynamic_program_binds_from_inputs_and_checks_range() -> None:
         torch.testing.assert_close(compiled(y, x), f(y, x))
     with pytest.raises(InputMismatchError, match="input args_0: expected shape"):
         compiled(torch.randn(7, 4), torch.randn(4, 4))
+    y, x = torch.randn(2, 4), torch.randn(1, 4)
     with pytest.raises(InputMismatchError, match=r"size symbol s0 = 1 is outside \[2, inf\]"):
-        compiled(torch.randn(2, 4), torch.randn(1, 4))
+        compiled.artifact.call([y, x])  # the dynamic program itself
+    torch.testing.assert_close(compiled(y, x), f(y, x))  # served by a program for s0 = 1
+
+
+@pytest.mark.parametrize("cpu_kernels", ["cpp", "triton"])
+def test_kernel_size_arguments_are_defined_right_before_their_first_call(cpu_kernels: str) -> None:
+    """The softmax kernel is generated first (it names s0*s1*s2 first) but runs after the
+    batch reductions it reads: the size is defined once, before the first call that takes it."""
+
+    if cpu_kernels == "triton" and not (compat.available() and compat.interpreting()):
+        pytest.skip("CPU Triton kernels need triton in interpreter mode")
+
+    def f(x):
+        return torch.log_softmax(x, 1) - x.mean((0, 1))
+
+    with wrapgen.config.patch(cpu_kernels=cpu_kernels):
+        program = wrapgen.lower(f, (torch.randn(4, 5, 6),), dynamic=True)
+    lines = list(program.lines)
+    defined = lines_of(program, SymbolicCallArg)
+    assert defined and len({d.symbol for d in defined}) == len(defined), str(program)
+    for definition in defined:
+        first = next(i for i, line in enumerate(lines) if definition.symbol in line.symbols_used())
+        assert lines[first - 1] == definition and isinstance(lines[first], KernelCall), str(program)
+    calls = lines_of(program, KernelCall)
+    first_kernel = lines_of(program, KernelDefinition)[0].name
+    assert calls[0].kernel != first_kernel, "the case needs a kernel that runs before the first one generated"
 
 
 def test_specialized_number_input_is_checked_at_call_time() -> None:

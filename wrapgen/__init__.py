@@ -10,10 +10,13 @@ from wrapgen.aot import aot_compile, load_package
 from wrapgen.api import build, compile, lower
 from wrapgen.compiled import CompiledFunction
 from wrapgen.errors import LoweringError, UnsupportedLineError, WrapgenError
+from wrapgen.packaging import PackageDamagedError, PackageError
 
 __all__ = [
     "CompiledFunction",
     "LoweringError",
+    "PackageDamagedError",
+    "PackageError",
     "UnsupportedLineError",
     "WrapgenError",
     "aot_compile",

@@ -9,7 +9,6 @@ The package runs without Python too: `wrapgen_runner PACKAGE INPUTS.bin` (CMakeL
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -22,14 +21,8 @@ from wrapgen import config
 from wrapgen.backends.cpp import CppEmitter
 from wrapgen.backends.cpp.loader import WG_MODEL_ABI_VERSION, _from_handles, _to_handles, raise_error
 from wrapgen.backends.cpp.pymodule import runtime_module
-from wrapgen.packaging import (
-    PACKAGE_FORMAT,
-    PackageError,
-    check_compatible,
-    read_metadata,
-    used_shims,
-    write_tensor_file,
-)
+from wrapgen.package_check import MANIFEST, METADATA, verify_package, write_manifest, write_metadata
+from wrapgen.packaging import PACKAGE_FORMAT, PackageError, check_compatible, used_shims, write_tensor_file
 from wrapgen.wrapper_ir.program import Program
 from wrapgen.wrapper_ir.values import contiguous_strides
 
@@ -68,6 +61,7 @@ def aot_compile(
     source, library = emitter.build(program)
     package = Path(package_path)
     package.mkdir(parents=True, exist_ok=True)
+    (package / MANIFEST).unlink(missing_ok=True)  # written last: a half-written package has none
     shutil.copyfile(library, package / "model.so")
     (package / "model.cpp").write_text(source)
     write_tensor_file(package / "weights.bin", _constant_values(program))
@@ -81,7 +75,8 @@ def aot_compile(
         output_kind=captured.output_kind,
         memory_planning=config.memory_planning,
     )
-    (package / "metadata.json").write_text(json.dumps(metadata, indent=1, sort_keys=True))
+    write_metadata(package, metadata)
+    write_manifest(package, (METADATA, "model.cpp", "model.so", "weights.bin"))
     return str(package)
 
 
@@ -90,7 +85,7 @@ class PackagedModel:
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        self.metadata = read_metadata(path)
+        self.metadata = verify_package(path)  # before anything is mapped: a damaged file raises here
         check_compatible(self.metadata, self.path)
         self._model = runtime_module().Model(str(Path(path) / "model.so"), str(Path(path) / "weights.bin"))
         self._inputs = self.metadata["inputs"]
@@ -159,7 +154,8 @@ class PackagedModel:
 
 
 def load_package(path: str | Path) -> PackagedModel:
-    """Load a package written by `aot_compile` (checks it fits this runtime first)."""
+    """Load a package written by `aot_compile`. Checks first that every file is intact (sizes
+    and SHA-256 from its SHA256SUMS) and fits this runtime: PackageDamagedError / PackageError."""
     return PackagedModel(path)
 
 

@@ -14,6 +14,7 @@ from wrapgen.backends.registry import get_backend
 from wrapgen.compiled import CompiledFunction
 from wrapgen.lowering.capture import CapturedGraph, capture
 from wrapgen.lowering.lower import lower_captured
+from wrapgen.specialize import SizeSpecializations
 from wrapgen.wrapper_ir.passes import add_finite_checks, plan_memory
 from wrapgen.wrapper_ir.program import Program
 from wrapgen.wrapper_ir.verify import verify
@@ -77,9 +78,33 @@ def compile(
     target: str | None = None,
     dynamic: bool = False,
 ) -> CompiledFunction:
-    """Compile `model` for `target`; the result is called like `model` and returns eager's structure."""
+    """Compile `model` for `target`; the result is called like `model` and returns eager's structure.
+
+    With `dynamic=True` it serves every size: sizes >= 2 through the one dynamic program, and a
+    call with a dynamic size of 0 or 1 through a program traced at that call's sizes on first use.
+    """
     name = resolve_target(target)
     captured = _capture(model, example_inputs, dynamic)
-    program = optimize(lower_captured(captured))
-    artifact = _emit(program, name)
-    return CompiledFunction(program, artifact, name, captured.in_spec, captured.out_spec, captured.output_kind)
+    compiled = _compile_captured(captured, name)
+    if dynamic and captured.traced:
+        build = _specializer(model, name, config.snapshot(), torch.is_grad_enabled())
+        compiled.specializations = SizeSpecializations(compiled.program, build)
+    return compiled
+
+
+def _compile_captured(captured: CapturedGraph, target: str, name: str = "forward") -> CompiledFunction:
+    program = optimize(lower_captured(captured, name))
+    artifact = _emit(program, target)
+    return CompiledFunction(program, artifact, target, captured.in_spec, captured.out_spec, captured.output_kind)
+
+
+def _specializer(
+    model: object, target: str, settings: dict[str, Any], grad: bool
+) -> Callable[[tuple], CompiledFunction]:
+    """Compiles `model` again for one call's arguments, as the first compile did (options, grad mode)."""
+
+    def build(args: tuple) -> CompiledFunction:
+        with config.patch(settings), torch.set_grad_enabled(grad):
+            return _compile_captured(capture(model, args, dynamic=True), target, "forward_specialized")
+
+    return build

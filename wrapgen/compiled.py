@@ -8,12 +8,19 @@ import torch
 from torch.utils import _pytree as pytree
 
 from wrapgen.backends.emitter import CompiledArtifact
+from wrapgen.errors import InputMismatchError
+from wrapgen.specialize import SizeSpecializations
 from wrapgen.wrapper_ir.program import Program
 
 
 class CompiledFunction:
     """Flattens the arguments the way the traced program saw them, runs `call(args)`, and
-    rebuilds eager's output structure."""
+    rebuilds eager's output structure.
+
+    A dynamic program's `specializations` serve the calls it refuses because a dynamic size
+    is 0 or 1 (wrapgen/specialize.py): the first such call is refused and compiles one, later
+    ones go straight to it.
+    """
 
     def __init__(
         self,
@@ -23,8 +30,10 @@ class CompiledFunction:
         in_spec: pytree.TreeSpec | None,
         out_spec: pytree.TreeSpec | None,
         output_kind: str = "tuple",
+        specializations: SizeSpecializations | None = None,
     ) -> None:
         self.program = program
+        self.specializations = specializations
         self.artifact = artifact
         self.target = target
         self._call = artifact.call
@@ -42,26 +51,44 @@ class CompiledFunction:
         return self.artifact.source
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._positional and not kwargs and (self._arity is None or len(args) == self._arity):
+            flat = list(args)
+        else:
+            flat = self._flatten(args, kwargs)
+        if self.specializations is not None:
+            specialized = self.specializations.lookup(flat)
+            if specialized is not None:
+                return specialized(*args, **kwargs)
+        try:
+            if torch.is_grad_enabled():
+                with torch.no_grad():  # compiled programs are inference programs (training: torch.compile)
+                    outputs = self._call(flat)
+            else:
+                outputs = self._call(flat)
+        except InputMismatchError as refusal:
+            if self.specializations is None:
+                raise
+            # `call` consumed the flat list (boxed convention): flatten again for the fallback.
+            specialized = self.specializations.serve(args, self._flatten(args, kwargs), refusal)
+        else:
+            if self._flat_outputs:
+                return tuple(outputs)
+            if self._out_spec is not None:
+                return pytree.tree_unflatten(list(outputs), self._out_spec)
+            if self._output_kind == "single":
+                return outputs[0]
+            return list(outputs) if self._output_kind == "list" else tuple(outputs)
+        return specialized(*args, **kwargs)  # outside the handler: its errors are not "during" ours
+
+    def _flatten(self, args: tuple, kwargs: dict) -> list:
         if self._positional and not kwargs:
             flat = list(args)
             if self._arity is not None and len(flat) != self._arity:
                 self._check_structure(args, kwargs)
-        elif self._in_spec is None:
+            return flat
+        if self._in_spec is None:
             raise TypeError("this compiled graph takes positional arguments only")
-        else:
-            flat = self._check_structure(args, kwargs)
-        if torch.is_grad_enabled():
-            with torch.no_grad():  # compiled programs are inference programs (training: torch.compile)
-                outputs = self._call(flat)
-        else:
-            outputs = self._call(flat)
-        if self._flat_outputs:
-            return tuple(outputs)
-        if self._out_spec is not None:
-            return pytree.tree_unflatten(list(outputs), self._out_spec)
-        if self._output_kind == "single":
-            return outputs[0]
-        return list(outputs) if self._output_kind == "list" else tuple(outputs)
+        return self._check_structure(args, kwargs)
 
     def _check_structure(self, args: tuple, kwargs: dict) -> list:
         flat, spec = pytree.tree_flatten((args, kwargs))

@@ -87,6 +87,15 @@ OPTIONS: dict[str, Option] = {
             "advise Linux to back CPU buffers of 2 MiB or more with transparent huge pages (madvise): "
             "a fresh buffer's first write then faults in 2 MiB at a time, not 4 KiB",
         ),
+        Option(
+            "triton_compile_workers_min",
+            int,
+            None,
+            "WRAPGEN_TRITON_COMPILE_WORKERS_MIN",
+            "compile a program's new Triton kernels in worker processes first when it has at least this many "
+            "(unset: 16, and never in Triton's interpreter, which compiles nothing; 0: never)",
+            True,
+        ),
     )
 }
 
@@ -99,6 +108,7 @@ cpu_kernels: str = OPTIONS["cpu_kernels"].parse_env()
 matmul_kernel_limit: int = OPTIONS["matmul_kernel_limit"].parse_env()
 memory_planning: str = OPTIONS["memory_planning"].parse_env()
 cpu_huge_pages: bool = OPTIONS["cpu_huge_pages"].parse_env()
+triton_compile_workers_min: int | None = OPTIONS["triton_compile_workers_min"].parse_env()
 
 _module = sys.modules[__name__]
 

@@ -2,8 +2,13 @@
 
     PACKAGE/model.so        the model library (wrapper + kernels), C ABI of wrapgen/abi.h
     PACKAGE/weights.bin     constants in the tensor-file format of wrapgen/tensor_file.h
-    PACKAGE/metadata.json   input/output specs, constants, versions, and every shim function
-                            the library calls with the torch version that added it
+    PACKAGE/model.cpp       the wrapper's C++ source, for reading
+    PACKAGE/metadata.json   input/output specs, constants, versions, every shim function the
+                            library calls with the torch version that added it
+    PACKAGE/SHA256SUMS      size and SHA-256 of every other file, in sha256sum's format, sealed
+                            by its own SHA-256 on its last line (package_check.py); its first
+                            line, "# wrapgen package format N", and that seal are kept by every
+                            later format, so any wrapgen can tell which format a package has
 
 The shim list comes from the library's undefined symbols (what the dynamic linker will ask
 libtorch for), so it is exact; loading checks each against the running libtorch first and
@@ -14,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import json
 import re
 import struct
 import subprocess
@@ -22,7 +26,9 @@ from pathlib import Path
 
 import torch
 
-PACKAGE_FORMAT = 1
+# 2: metadata.json recorded each file's size and SHA-256 and sealed itself.
+# 3: SHA256SUMS records them instead (no JSON needed to check a package); metadata.json is plain.
+PACKAGE_FORMAT = 3
 _SHIM_PREFIXES = ("aoti_torch_", "torch_")
 
 _DTYPE_CODES = {
@@ -34,6 +40,19 @@ _CODE_DTYPES = {v: k for k, v in _DTYPE_CODES.items()}
 
 class PackageError(RuntimeError):
     """A package is malformed or was built for a runtime this one is not compatible with."""
+
+
+class PackageDamagedError(PackageError):
+    """A file of a package is missing, truncated or changed since aot_compile wrote it, or its
+    SHA256SUMS or metadata.json is malformed: loading it would crash the process or run the
+    wrong model."""
+
+    def __init__(self, package: str, file: str, problem: str) -> None:
+        super().__init__(f"damaged wrapgen package {package}: {file} {problem}")
+        self.package, self.file, self.problem = package, file, problem
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.package, self.file, self.problem)
 
 
 # -- tensor files -------------------------------------------------------------------------------
@@ -154,9 +173,3 @@ def check_compatible(metadata: dict, where: str) -> None:
         built = metadata.get("torch_version", "an unknown torch")
         raise PackageError(f"cannot load the wrapgen package {where} (built with torch {built}): " + "; ".join(problems))
 
-
-def read_metadata(package: str | Path) -> dict:
-    path = Path(package) / "metadata.json"
-    if not path.exists():
-        raise PackageError(f"{package} is not a wrapgen package (no metadata.json)")
-    return json.loads(path.read_text())

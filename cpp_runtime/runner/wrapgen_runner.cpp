@@ -2,8 +2,11 @@
 //
 //   wrapgen_runner PACKAGE_DIR INPUTS.bin [OUTPUTS.bin] [--repeat N]
 //
-// PACKAGE_DIR holds model.so and weights.bin (wrapgen.aot_compile writes both); INPUTS.bin is
-// a tensor file (tensor_file.h) with the inputs in order. Prints every output (dtype, shape,
+// PACKAGE_DIR holds model.so, weights.bin, metadata.json and SHA256SUMS (wrapgen.aot_compile
+// writes them); every file is checked against the sizes and SHA-256s in SHA256SUMS before
+// model.so is loaded, and a damaged package exits with code 1 and the message
+// wrapgen.load_package gives. The runner does not read metadata.json.
+// INPUTS.bin is a tensor file (tensor_file.h) with the inputs in order. Prints every output (dtype, shape,
 // values) and writes them to OUTPUTS.bin when given. --repeat N runs N times (a leak check:
 // the model must hold no tensor handle afterwards; exit code 3 if it does).
 #include <cstdio>
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "wrapgen/model_container.h"
+#include "wrapgen/package_check.h"
 #include "wrapgen/tensor_file.h"
 
 namespace {
@@ -71,6 +75,7 @@ int main(int argc, char** argv) {
   }
   try {
     const std::string package = args[0];
+    wrapgen::verify_package(package);  // before dlopen: a truncated model.so would die with SIGBUS
     wrapgen::ModelContainer model(package + "/model.so", wrapgen::read_tensor_file(package + "/weights.bin"));
     auto inputs = wrapgen::read_tensor_file(args[1]);
     if (static_cast<int64_t>(inputs.size()) != model.num_inputs()) {

@@ -35,16 +35,6 @@ KNOWN_FAILURES: dict[str, Known] = {
         kinds=("wrong",),
         modes=OP,
     ),
-    "item": Known(
-        "Tensor.item() is aten._local_scalar_dense, a Python scalar read from tensor data: the lowering refuses "
-        "data-dependent scalars (LoweringError 'returns a SymFloat computed from tensor data')",
-        modes=OP,
-    ),
-    "tensor_split": Known(
-        "samples whose split points are a tensor read them with .tolist() (aten._local_scalar_dense): the "
-        "lowering refuses data-dependent scalars (LoweringError 'returns a SymInt computed from tensor data')",
-        modes=OP,
-    ),
     "masked_select": Known(
         "torch's bug, not ours: when the mask broadcasts the input, torch.export bounds the result size u0 by "
         "the input's numel (u0 <= 10 for 49 selected) and its graph asserts that; torch.export's own "

@@ -55,10 +55,11 @@ def scalar_mismatch(name: str, value: object, expected: object) -> None:
     raise InputMismatchError(f"input {name}: the program was compiled for the value {expected!r}, got {value!r}")
 
 
-def symbol_out_of_range(symbol: str, value: int, low: int, high: int | None) -> None:
+def symbol_out_of_range(symbol: str, value: int, low: int | None, high: int | None) -> None:
+    lower = "-inf" if low is None else low
     upper = "inf" if high is None else high
     raise InputMismatchError(
-        f"size symbol {symbol} = {value} is outside [{low}, {upper}], the range the program was compiled for"
+        f"size symbol {symbol} = {value} is outside [{lower}, {upper}], the range the program was compiled for"
     )
 
 

@@ -37,6 +37,7 @@ class CapturedGraph:
     in_spec: pytree.TreeSpec | None = None
     out_spec: pytree.TreeSpec | None = None
     output_kind: str = "tuple"  # for graphs without out_spec: "tuple" | "list" | "single"
+    traced: bool = False  # torch.export traced it from the model: it can be traced again at other sizes
 
 
 class _FunctionModule(torch.nn.Module):
@@ -93,9 +94,13 @@ def capture(model: object, example_inputs: Sequence[object], dynamic: bool) -> C
 
 
 def _all_dims_dynamic(args: tuple) -> tuple:
+    """Dim.AUTO for every dim of size >= 2. torch.export specializes an example's 0/1 sizes
+    anyway (and warns); leaving them static says so quietly: a call with other sizes there is
+    served by a program traced at those sizes (wrapgen/specialize.py)."""
+
     def spec(value: object) -> object:
         if isinstance(value, torch.Tensor):
-            return {d: Dim.AUTO for d in range(value.dim())}
+            return {d: Dim.AUTO for d in range(value.dim()) if value.shape[d] >= 2}
         return None
 
     return tuple(pytree.tree_map(spec, a) for a in args)
@@ -133,6 +138,7 @@ def _from_exported(exported: torch.export.ExportedProgram) -> CapturedGraph:
         mutations,
         exported.call_spec.in_spec,
         exported.call_spec.out_spec,
+        traced=True,
     )
 
 

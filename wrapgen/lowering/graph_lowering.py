@@ -18,6 +18,7 @@ import torch.fx
 
 from wrapgen.errors import LoweringError
 from wrapgen.lowering.capture import CapturedGraph
+from wrapgen.lowering.constant_folding import folded_value
 from wrapgen.lowering.lifetimes import insert_frees, remove_unused_views
 from wrapgen.lowering.out_variants import find_out_variant
 from wrapgen.lowering.symbols import BindingSource, SymbolTable, plan_bindings
@@ -37,7 +38,7 @@ from wrapgen.wrapper_ir.program import Constant, Program, ScalarInput, TensorInp
 from wrapgen.wrapper_ir.values import Arg, TensorRef, TensorType
 
 _SIZE_QUERIES = frozenset({"aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::sym_storage_offset"})
-_SYMBOL_NAME = re.compile(r"^[su]\d+$")
+_SYMBOL_NAME = re.compile(r"^[suf]\d+$")
 
 # Ops that return a view of their first argument although their schema does not say so.
 _UNANNOTATED_VIEWS = frozenset({"aten::_unsafe_view"})
@@ -81,6 +82,7 @@ class GraphLowering:
         self.counter = 0
         self.bound_unbacked: set[sympy.Symbol] = set()
         self.tensor_inputs: set[str] = set()
+        self.folded: list[Constant] = []  # small constants computed at compile time
 
     # -- naming -------------------------------------------------------------------------
     def fresh(self, prefix: str = "buf") -> str:
@@ -120,11 +122,12 @@ class GraphLowering:
         for node in graph.nodes:
             if node.op == "call_function":
                 self.values[node] = self._lower_call(node)
-                self._bind_data_dependent_sizes(self.values[node])
+                self._bind_data_dependent_sizes(self.values[node], node.meta.get("val"))
             elif node.op == "output":
                 self._lower_output(node)
             elif node.op not in ("placeholder", "get_attr"):
                 raise LoweringError(f"node {node.name}: op kind {node.op!r} is not supported")
+        constants += self.folded
         bindings = plan_bindings(sources, self.symbols)
         # Inputs are freed after their last use too: under the boxed calling convention the
         # program owns the argument list, so a dropped input can be released early.
@@ -136,17 +139,52 @@ class GraphLowering:
         """Hook for subclasses to rewrite the lowered lines (e.g. place generated kernels)."""
         return lines
 
-    def _bind_data_dependent_sizes(self, value: object) -> None:
-        """A result whose size the op chose from the data (nonzero, unique, masked_select, ...)
-        carries an unbacked symbol (u0, ...): bind it from the result, before anything uses it."""
-        for buffer in value if isinstance(value, tuple) else (value,):
+    def _bind_data_dependent_sizes(self, value: object, fake: object) -> None:
+        """A result whose size the op chose from the data (nonzero, unique, masked_select, a
+        slice up to an `.item()`, ...) carries unbacked symbols (u0, ...) in its sizes, strides
+        or storage offset: bind each from the result, before anything uses it."""
+        buffers = value if isinstance(value, tuple) else (value,)
+        fakes = fake if isinstance(fake, (list, tuple)) else (fake,)
+        for buffer, buffer_fake in zip(buffers, fakes):
             if not isinstance(buffer, Buffer):
                 continue
-            for dim, size in enumerate(buffer.type.sizes):
-                if isinstance(size, sympy.Symbol) and str(size).startswith("u") and size not in self.bound_unbacked:
-                    info = self.symbols.info(size)
-                    self.lines.append(BindSymbol(size, buffer.name, "size", dim, OBSERVED, info.min, info.max))
-                    self.bound_unbacked.add(size)
+            observed = [("size", dim, size) for dim, size in enumerate(buffer.type.sizes)]
+            observed += [("stride", dim, stride) for dim, stride in enumerate(buffer.type.strides or ())]
+            if isinstance(buffer_fake, torch.Tensor) and _has_unbacked(buffer_fake.storage_offset()):
+                observed.append(("offset", None, sympy.sympify(self.symbols.expr(buffer_fake.storage_offset()))))
+            for kind, dim, expr in observed:
+                if isinstance(expr, sympy.Symbol) and str(expr).startswith("u") and expr not in self.bound_unbacked:
+                    info = self.symbols.info(expr)
+                    self.lines.append(BindSymbol(expr, buffer.name, kind, dim, OBSERVED, info.min, info.max))  # type: ignore[arg-type]
+                    self.bound_unbacked.add(expr)
+
+    def _lower_item(self, node: torch.fx.Node, fake: object) -> object:
+        """`.item()` / `.tolist()`: a symbol bound at run time from the tensor's one element. Its
+        range is what torch proved (torch._check); the graph's own asserts are lowered too."""
+        value = self.symbols.expr(fake)
+        if not isinstance(value, sympy.Symbol):
+            raise LoweringError(f"node {node.name}: aten::_local_scalar_dense gives {value}, not a fresh symbol")
+        source = self.to_arg(node.args[0])  # materializes a fused value the kernel lowering holds
+        if not isinstance(source, TensorRef):
+            raise LoweringError(f"node {node.name}: aten::_local_scalar_dense of a value that is not a tensor")
+        info = self.symbols.info(value)
+        self.lines.append(BindSymbol(value, source.name, "item", None, OBSERVED, info.min, info.max))
+        self.bound_unbacked.add(value)
+        return value
+
+    def _fold(self, node: torch.fx.Node, value: torch.Tensor) -> Buffer:
+        name = self.claim(f"{node.name}_folded")
+        type_ = self.tensor_type(value)
+        self.folded.append(Constant(name, type_, f"{_qualified(node.target)} folded", value))
+        return Buffer(name, type_, name, sympy.Integer(0), True)
+
+    def _unbound_unbacked(self, fake: torch.Tensor) -> bool:
+        """Whether `fake`'s layout holds an unbacked symbol not bound yet (the op must run to tell)."""
+        # Only unbacked parts are named here: naming an input's symbolic storage offset would
+        # make it a program symbol nothing can bind (see _try_view).
+        exprs = [e for e in (*fake.shape, *fake.stride(), fake.storage_offset()) if _has_unbacked(e)]
+        symbols = {s for e in exprs for s in sympy.sympify(self.symbols.expr(e)).free_symbols}
+        return any(str(s).startswith("u") and s not in self.bound_unbacked for s in symbols)
 
     def _lower_inputs(self, placeholders: dict[str, torch.fx.Node]) -> tuple[list, list[BindingSource]]:
         inputs: list[TensorInput | ScalarInput] = []
@@ -226,6 +264,11 @@ class GraphLowering:
             raise LoweringError(f"node {node.name}: call of {target} is not an ATen operator")
         if target._schema.name in _SIZE_QUERIES:
             return self.symbols.expr(fake)
+        if target._schema.name == "aten::_local_scalar_dense":
+            return self._lower_item(node, fake)
+        folded = folded_value(node)
+        if folded is not None:
+            return self._fold(node, folded)
         if fake is not None and not isinstance(fake, (torch.Tensor, list, tuple)):
             raise LoweringError(
                 f"node {node.name}: {target} returns a {type(fake).__name__} computed from tensor data, "
@@ -267,6 +310,8 @@ class GraphLowering:
         fakes = fake if isinstance(fake, (list, tuple)) else [fake]
         if not all(isinstance(f, torch.Tensor) and f.dtype == base.type.dtype for f in fakes):
             return None
+        if any(self._unbound_unbacked(f) for f in fakes):
+            return None  # e.g. x[:n] with n from .item(): the op's own call tells the view's size
         # A conj / neg view (aten::_conj, aten::_neg_view) is the same memory read through a
         # flag that a reinterpretation of the storage would drop: keep the op's own call.
         if any(f.is_conj() != base_fake.is_conj() or f.is_neg() != base_fake.is_neg() for f in fakes):
@@ -415,6 +460,11 @@ def _scalar_kind(value: object) -> type:
     if isinstance(value, (torch.SymBool, bool)):
         return bool
     return int if isinstance(value, (torch.SymInt, int)) else float
+
+
+def _has_unbacked(value: object) -> bool:
+    """Whether a SymInt depends on a value only known at run time (torch names those u0, u1, ...)."""
+    return isinstance(value, torch.SymInt) and any(str(s).startswith("u") for s in value.node.expr.free_symbols)
 
 
 def _mutated_argument_indices(op: torch._ops.OpOverload) -> list[int]:

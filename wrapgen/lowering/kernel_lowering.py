@@ -270,7 +270,6 @@ class KernelGraphLowering(GraphLowering):
             for expr in kernel.host_exprs:
                 if expr not in self.call_symbols:
                     self.call_symbols[expr] = sympy.Symbol(self.fresh("ks"), integer=True)
-                    calls.append(SymbolicCallArg(self.call_symbols[expr], expr))
             args = tuple(TensorRef(t) for t in kernel.tensors) + tuple(self.call_symbols.get(e, e) for e in kernel.scalars)
             metadata = (("device", str(self.device)), *((k, v) for k, v in kernel.metadata if k != "device"))
             # Groups that generate the same code (a chain of identical layers) share one kernel.
@@ -291,7 +290,7 @@ class KernelGraphLowering(GraphLowering):
                 continue  # placed before its kernel's call (or not needed at all)
             else:
                 out.append(line)
-        return out
+        return define_before_first_use(out, [SymbolicCallArg(sym, expr) for expr, sym in self.call_symbols.items()])
 
     def _dense(self, type_: TensorType) -> bool:
         """Non-overlapping and dense, judged at the symbols' hints (a permuted contiguous layout)."""
@@ -329,6 +328,23 @@ def _read_outside(name: str, where: list[int], lines: list[WrapperLine], groups:
         if not isinstance(line, PendingCompute) or line.name not in group.names():
             return True
     return False
+
+
+def define_before_first_use(lines: list[WrapperLine], definitions: list[SymbolicCallArg]) -> list[WrapperLine]:
+    """`lines` with each definition inserted right before the first line that uses its symbol.
+
+    Kernels share one host symbol per size expression, but a kernel's call goes where its
+    group's last member was, not in the order the groups were generated: the kernel that
+    first named an expression can run after another that takes it. So definitions are
+    placed from where the symbols are used, in the final line order, for every kernel alike.
+    """
+    pending = {d.symbol: d for d in definitions}
+    out: list[WrapperLine] = []
+    for line in lines:
+        used = line.symbols_used() & pending.keys() if pending else ()
+        out.extend(pending.pop(d.symbol) for d in definitions if d.symbol in used)
+        out.append(line)
+    return out
 
 
 def _describe(group: FusionGroup) -> str:

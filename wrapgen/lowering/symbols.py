@@ -43,20 +43,33 @@ class SymbolTable:
     def _register(self, symbol: sympy.Symbol, shape_env: object) -> None:
         if symbol in self._renames:
             return
-        prefix = "u" if str(symbol).startswith("u") else "s"
-        count = sum(1 for s in self._renames.values() if str(s).startswith(prefix))
-        ours = make_symbol(f"{prefix}{count}")
+        value_range = getattr(shape_env, "var_to_range", {}).get(symbol)
+        low: int | None = 0
+        high: int | None = None
+        if value_range is not None:
+            low = int(value_range.lower) if value_range.lower.is_Integer else None
+            high = int(value_range.upper) if value_range.upper.is_Integer else None
+        name = str(symbol)
+        if name.startswith("zuf"):
+            # a float read from tensor data (`x.max().item()`): no range, no size assumptions
+            ours = sympy.Symbol(self._next_name("f"), real=True)
+            low = high = None
+        elif name.startswith("u"):
+            # an int the program learns at run time (data-dependent size, `.item()`): only the
+            # range torch proved for it, which may include negatives
+            ours = sympy.Symbol(self._next_name("u"), integer=True, nonnegative=low is not None and low >= 0)
+        else:
+            ours = make_symbol(self._next_name("s"))
+            low = max(low or 0, 0)
         self._renames[symbol] = ours
         hints = getattr(shape_env, "backed_var_to_val", None)  # torch >= 2.13 name
         if hints is None:
             hints = getattr(shape_env, "var_to_val", {})
         hint = hints.get(symbol)
-        value_range = getattr(shape_env, "var_to_range", {}).get(symbol)
-        low, high = 0, None
-        if value_range is not None:
-            low = int(value_range.lower) if value_range.lower.is_Integer else 0
-            high = int(value_range.upper) if value_range.upper.is_Integer else None
-        self._info[ours] = SymbolInfo(ours, int(hint) if hint is not None else 0, max(low, 0), high)
+        self._info[ours] = SymbolInfo(ours, int(hint) if hint is not None else 0, low, high)
+
+    def _next_name(self, prefix: str) -> str:
+        return f"{prefix}{sum(1 for s in self._renames.values() if str(s).startswith(prefix))}"
 
     def infos(self) -> tuple[SymbolInfo, ...]:
         return tuple(self._info.values())

@@ -69,19 +69,21 @@ class WrapperLine:
 
 @dataclass(frozen=True)
 class BindSymbol(WrapperLine):
-    """Give `symbol` its value from a program input's size, stride or (scalar) value.
+    """Give `symbol` its value from a tensor's size, stride or storage offset, a scalar input's
+    value, or a one-element tensor's data (`item`: `.item()` / `.tolist()` in the program).
 
     `expr` computes the symbol from the observed quantity (the symbol `OBSERVED`) and from
     symbols bound earlier; for a size `2*s0` it is `observed/2`. `min`/`max` are the range
-    the program was compiled for and are checked at call time.
+    the program was compiled for (None: unbounded) and are checked at call time where a value
+    could fall outside it (`checked_bounds`).
     """
 
     symbol: sympy.Symbol
     source: str
-    kind: Literal["size", "stride", "value"]
+    kind: Literal["size", "stride", "offset", "value", "item"]
     dim: int | None
     expr: sympy.Expr
-    min: int = 0
+    min: int | None = 0
     max: int | None = None
 
     def uses(self) -> tuple[str, ...]:
@@ -96,19 +98,35 @@ class BindSymbol(WrapperLine):
     def observed_text(self) -> str:
         if self.kind == "value":
             return self.source
+        if self.kind == "item":
+            return f"{self.source}.item()"
+        if self.kind == "offset":
+            return f"{self.source}.storage_offset()"
         return f"{self.source}.{self.kind}({self.dim})"
 
+    def checked_bounds(self) -> tuple[int | None, int | None]:
+        """(lower, upper) bounds the emitted code must check, None where no check is needed: a
+        size, stride or offset is never negative, so a lower bound of 0 holds by itself; a
+        scalar input's 0 is the default, not a promise; data read with `item` may be anything."""
+        lower = self.min
+        if lower is not None and lower <= 0 and self.kind != "item":
+            lower = None
+        return lower, self.max
+
     def check(self) -> None:
-        if (self.kind == "value") != (self.dim is None):
-            raise ValueError("a 'value' binding takes no dim; size/stride bindings need one")
+        if (self.kind in ("size", "stride")) != (self.dim is not None):
+            raise ValueError("size/stride bindings need a dim; value, item and offset bindings take none")
         if self.symbol in self.expr.free_symbols:
             raise ValueError(f"{self.symbol} is defined in terms of itself")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"empty range [{self.min}, {self.max}] for {self.symbol}")
 
     def format(self) -> str:
         observed = self.observed_text()
         value = observed if self.expr == OBSERVED else str(self.expr).replace("observed", observed)
+        lower = "-inf" if self.min is None else str(self.min)
         upper = "inf" if self.max is None else str(self.max)
-        return f"bind {self.symbol} = {value}  in [{self.min}, {upper}]"
+        return f"bind {self.symbol} = {value}  in [{lower}, {upper}]"
 
 
 @dataclass(frozen=True)

@@ -42,12 +42,13 @@ class SymbolInfo:
 
     symbol: sympy.Symbol
     hint: int
-    min: int = 0
+    min: int | None = 0  # None: unbounded (a value read from tensor data)
     max: int | None = None
 
     def format(self) -> str:
+        lower = "-inf" if self.min is None else str(self.min)
         upper = "inf" if self.max is None else str(self.max)
-        return f"{self.symbol} (hint {self.hint}, range [{self.min}, {upper}])"
+        return f"{self.symbol} (hint {self.hint}, range [{lower}, {upper}])"
 
 
 @dataclass(frozen=True)

@@ -164,6 +164,64 @@ class Tensor {
     check(aoti_torch_get_data_ptr(get(), &p), "aoti_torch_get_data_ptr");
     return p;
   }
+  int64_t storage_offset() const {
+    int64_t v = 0;
+    check(aoti_torch_get_storage_offset(get(), &v), "aoti_torch_get_storage_offset");
+    return v;
+  }
+  // The one element of an integer or bool tensor (`.item()`), read through the shim (a CUDA
+  // tensor is copied to the host, as `.item()` does).
+  int64_t item_int64() const {
+    int32_t dtype = 0;
+    check(aoti_torch_get_dtype(get(), &dtype), "aoti_torch_get_dtype");
+    if (dtype == aoti_torch_dtype_int64()) {
+      int64_t v = 0;
+      check(aoti_torch_item_int64(get(), &v), "aoti_torch_item_int64");
+      return v;
+    }
+    if (dtype == aoti_torch_dtype_int32()) {
+      int32_t v = 0;
+      check(aoti_torch_item_int32(get(), &v), "aoti_torch_item_int32");
+      return v;
+    }
+    if (dtype == aoti_torch_dtype_int16()) {
+      int16_t v = 0;
+      check(aoti_torch_item_int16(get(), &v), "aoti_torch_item_int16");
+      return v;
+    }
+    if (dtype == aoti_torch_dtype_int8()) {
+      int8_t v = 0;
+      check(aoti_torch_item_int8(get(), &v), "aoti_torch_item_int8");
+      return v;
+    }
+    if (dtype == aoti_torch_dtype_uint8()) {
+      uint8_t v = 0;
+      check(aoti_torch_item_uint8(get(), &v), "aoti_torch_item_uint8");
+      return v;
+    }
+    if (dtype == aoti_torch_dtype_bool()) {
+      bool v = false;
+      check(aoti_torch_item_bool(get(), &v), "aoti_torch_item_bool");
+      return v ? 1 : 0;
+    }
+    throw Error(WG_RUNTIME_ERROR, "item of a tensor that holds no integer");
+  }
+  // The one element of a float32/float64 tensor (`.item()` of a float).
+  double item_double() const {
+    int32_t dtype = 0;
+    check(aoti_torch_get_dtype(get(), &dtype), "aoti_torch_get_dtype");
+    if (dtype == aoti_torch_dtype_float64()) {
+      double v = 0;
+      check(aoti_torch_item_float64(get(), &v), "aoti_torch_item_float64");
+      return v;
+    }
+    if (dtype == aoti_torch_dtype_float32()) {
+      float v = 0;
+      check(aoti_torch_item_float32(get(), &v), "aoti_torch_item_float32");
+      return v;
+    }
+    throw Error(WG_RUNTIME_ERROR, "item of a tensor that is neither float32 nor float64");
+  }
 
  private:
   AtenTensorHandle handle_ = nullptr;
@@ -326,11 +384,13 @@ inline void check_input(
   }
 }
 
-inline void symbol_out_of_range(const char* symbol, int64_t value, int64_t low, int64_t high, bool bounded) {
+inline void symbol_out_of_range(const char* symbol, int64_t value, int64_t low, int64_t high, bool bounded_below,
+                                bool bounded_above) {
   throw Error(
       WG_INPUT_MISMATCH,
-      std::string("size symbol ") + symbol + " = " + std::to_string(value) + " is outside [" + std::to_string(low) + ", " +
-          (bounded ? std::to_string(high) : std::string("inf")) + "], the range the program was compiled for");
+      std::string("size symbol ") + symbol + " = " + std::to_string(value) + " is outside [" +
+          (bounded_below ? std::to_string(low) : std::string("-inf")) + ", " +
+          (bounded_above ? std::to_string(high) : std::string("inf")) + "], the range the program was compiled for");
 }
 
 // A symbol solved from an observed size must be an integer (e.g. a size 2*s0 must be even).

@@ -19,6 +19,7 @@ import torch
 
 from wrapgen.backends.cpp.exprs import (
     UnprintableExpr,
+    cpp_double_expr,
     cpp_expr,
     cpp_float,
     cpp_int,
@@ -228,11 +229,17 @@ class CppEmitter(Emitter):
 
     # -- lines --------------------------------------------------------------------------------
     def emit_bind_symbol(self, line: BindSymbol) -> None:
-        if line.kind == "value":
-            observed = f"in_{line.source}"
-        else:
-            observed = f"t_{line.source}.{line.kind}({line.dim})"
+        observed = {
+            "value": f"in_{line.source}",
+            "item": f"t_{line.source}.item_int64()",
+            "offset": f"t_{line.source}.storage_offset()",
+        }.get(line.kind, f"t_{line.source}.{line.kind}({line.dim})")
         sym = str(line.symbol)
+        if not line.symbol.is_integer:
+            if line.kind != "item" or line.expr != OBSERVED:
+                raise self.refuse(line, "a float symbol is only bound from a tensor element (item)")
+            self.writeline(f"const double {sym} = t_{line.source}.item_double();")
+            return
         expr = sympy.sympify(line.expr)
         if expr == OBSERVED:
             value = observed
@@ -244,13 +251,13 @@ class CppEmitter(Emitter):
             else:
                 value = f"wrapgen::exact_div({num_text}, {self.expr(line, den)}, {cpp_string(sym)}, {cpp_string(line.observed_text())})"
         self.writeline(f"const int64_t {sym} = {value};")
-        if line.min > 0 or line.max is not None:
-            high = cpp_int(line.max) if line.max is not None else "0"
-            cond = f"{sym} < {line.min}" + (f" || {sym} > {cpp_int(line.max)}" if line.max is not None else "")
-            self.writeline(
-                f"if ({cond}) wrapgen::symbol_out_of_range({cpp_string(sym)}, {sym}, {line.min}, {high}, "
-                f"{'true' if line.max is not None else 'false'});"
+        low, high = line.checked_bounds()
+        conditions = ([f"{sym} < {cpp_int(low)}"] if low is not None else []) + ([f"{sym} > {cpp_int(high)}"] if high is not None else [])
+        if conditions:
+            bounds = ", ".join(
+                [cpp_int(line.min or 0), cpp_int(line.max or 0), "true" if line.min is not None else "false", "true" if line.max is not None else "false"]
             )
+            self.writeline(f"if ({' || '.join(conditions)}) wrapgen::symbol_out_of_range({cpp_string(sym)}, {sym}, {bounds});")
 
     def emit_assert_input(self, line: AssertInput) -> None:
         strides = tuple(0 if s is None else s for s in line.strides)
@@ -437,6 +444,8 @@ class CppEmitter(Emitter):
                 self.writeline(f"wrapgen::set_float(outputs[{i}], {cpp_float(value)});")
             elif value is None:
                 self.writeline(f"wrapgen::set_none(outputs[{i}]);")
+            elif isinstance(value, sympy.Basic) and not value.is_integer:
+                self.writeline(f"wrapgen::set_float(outputs[{i}], {cpp_double_expr(value)});")
             elif isinstance(value, (int, sympy.Basic)):
                 self.writeline(f"wrapgen::set_int(outputs[{i}], {self.expr(line, value)});")
             else:

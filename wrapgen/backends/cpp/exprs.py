@@ -176,6 +176,8 @@ def cpp_double_expr(expr: object) -> str:
             return f"static_cast<double>({cpp_expr(e)})"
         if isinstance(e, sympy.Number):
             return cpp_float(float(e))
+        if isinstance(e, sympy.Symbol) and e.is_real:
+            return str(e)  # a float the program read from tensor data (`const double f0`)
         if isinstance(e, (SymF.ToFloat, SymF.TruncToFloat)):
             inner = go(e.args[0])
             return inner if isinstance(e, SymF.ToFloat) else f"std::trunc({inner})"

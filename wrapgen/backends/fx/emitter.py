@@ -54,7 +54,8 @@ from wrapgen.wrapper_ir.program import Program
 from wrapgen.wrapper_ir.values import Arg, TensorRef, TensorType
 
 _aten = torch.ops.aten
-_OBSERVE = {"size": _aten.sym_size.int, "stride": _aten.sym_stride.int}
+_OBSERVE = {"size": _aten.sym_size.int, "stride": _aten.sym_stride.int}  # (tensor, dim)
+_OBSERVE_WHOLE = {"offset": _aten.sym_storage_offset.default, "item": _aten._local_scalar_dense.default}  # (tensor,)
 
 
 class FxEmitter(Emitter):
@@ -191,7 +192,10 @@ class FxEmitter(Emitter):
             key = (line.source, line.kind, line.dim)
             if key not in self.observations:
                 name = str(line.symbol) if line.expr == OBSERVED else f"{line.source}_{line.kind}{line.dim}"
-                self.observations[key] = self.node(_OBSERVE[line.kind], (source, line.dim), name=name)
+                if line.kind in _OBSERVE_WHOLE:
+                    self.observations[key] = self.node(_OBSERVE_WHOLE[line.kind], (source,), name=name)
+                else:
+                    self.observations[key] = self.node(_OBSERVE[line.kind], (source, line.dim), name=name)
             observed = self.observations[key]
         if line.expr == OBSERVED:
             value = observed
@@ -203,8 +207,9 @@ class FxEmitter(Emitter):
             value.meta["val"] = self.hints[line.symbol]
             value.meta["wrapgen_symbol"] = str(line.symbol)
         self.exprs.bind(line.symbol, value)
-        if line.min > 0 or line.max is not None:
-            self.node(fx_runtime.check_symbol, (value, str(line.symbol), line.min, line.max))
+        low, high = line.checked_bounds()
+        if low is not None or high is not None:
+            self.node(fx_runtime.check_symbol, (value, str(line.symbol), low, high, line.min, line.max))
 
     def emit_assert_input(self, line: AssertInput) -> None:
         strides = tuple(None if s is None else self.exprs.value(sympy.sympify(s)) for s in line.strides)

@@ -59,10 +59,11 @@ def check_scalar(value: object, name: str, expected: object) -> None:
 
 
 @_side_effectful
-def check_symbol(value: int, symbol: str, low: int, high: int | None) -> None:
-    """Raise InputMismatchError unless size symbol `symbol` lies in [low, high]."""
-    if value < low or (high is not None and value > high):
-        shared_runtime.symbol_out_of_range(symbol, value, low, high)
+def check_symbol(value: int, symbol: str, low: int | None, high: int | None, min: int | None, max: int | None) -> None:
+    """Raise InputMismatchError naming the range [min, max] unless symbol `symbol` passes the
+    checked bounds `low` / `high` (None: not checked)."""
+    if (low is not None and value < low) or (high is not None and value > high):
+        shared_runtime.symbol_out_of_range(symbol, value, min, max)
 
 
 @_side_effectful

@@ -225,9 +225,10 @@ class PythonEmitter(Emitter):
         observed = line.observed_text()
         value = observed if line.expr == OBSERVED else py_expr(line.expr.xreplace({OBSERVED: sympy.Symbol(f"({observed})")}))
         self.writeline(f"{line.symbol} = {value}")
-        condition = f"{line.symbol} < {line.min}" if line.max is None else f"not {line.min} <= {line.symbol} <= {line.max}"
-        if line.min > 0 or line.max is not None:
-            self.writeline(f"if {condition}:")
+        low, high = line.checked_bounds()
+        conditions = ([f"{line.symbol} < {low}"] if low is not None else []) + ([f"{line.symbol} > {high}"] if high is not None else [])
+        if conditions:
+            self.writeline(f"if {' or '.join(conditions)}:")
             with self.indent():
                 self.writeline(f"symbol_out_of_range({str(line.symbol)!r}, {line.symbol}, {line.min}, {line.max})")
 

@@ -149,8 +149,25 @@ def prepare_worker() -> None:
     import triton.language  # noqa: F401
 
 
-def warm_cache_in_subprocess(source_path: str, name: str, arg_kinds: list, constexprs: dict, num_warps: int) -> str:
-    """Compile in a worker process so the parent's compile is a Triton cache hit."""
+def worker_environment() -> dict[str, str]:
+    """The Triton settings a compile worker must share with this process, as environment
+    variables: the cache its compiles land in (the parent's compile that follows must hit it)
+    and whether kernels are interpreted (either may have been set in code, not in the env)."""
+    env = {"TRITON_INTERPRET": "1" if interpreting() else "0"}
+    try:
+        from triton import knobs
+
+        env["TRITON_CACHE_DIR"] = os.path.abspath(knobs.cache.dir)
+    except (ImportError, AttributeError):
+        if "TRITON_CACHE_DIR" in os.environ:
+            env["TRITON_CACHE_DIR"] = os.path.abspath(os.environ["TRITON_CACHE_DIR"])
+    return env
+
+
+def warm_cache_in_subprocess(source_path: str, name: str, arg_kinds: list, constexprs: dict, num_warps: int,
+                             device_index: int = 0) -> str:
+    """Compile in a worker process so the parent's compile is a Triton cache hit. In the
+    interpreter nothing is compiled: this only imports the kernel's source and finds it."""
     jit_fn = getattr(load_module(Path(source_path), f"wrapgen_triton_{Path(source_path).stem}"), name)
-    compile_kernel(jit_fn, arg_kinds, constexprs, num_warps)
+    compile_kernel(jit_fn, arg_kinds, constexprs, num_warps, device_index)
     return name

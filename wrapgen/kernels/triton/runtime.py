@@ -1,6 +1,6 @@
 """What generated modules call to get their Triton kernels: write each kernel's source to
-the cache, import it, compile it once (in parallel worker processes when a program has
-several new kernels), and bind a launcher per kernel once, at import.
+the cache, import it, compile it once (warmed first in parallel worker processes when a
+program has many new kernels: `worker_pool.py`), and bind a launcher per kernel once, at import.
 
 A kernel reads pointers that are 16-byte aligned (fresh allocations) or maybe not
 (program inputs and their views). It is compiled assuming alignment, which lets Triton
@@ -14,20 +14,22 @@ import hashlib
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
 
+from wrapgen import config
 from wrapgen.cache import cache_root
 from wrapgen.kernels.triton import compat
+from wrapgen.kernels.triton.worker_pool import Outcome, compile_pool
 
-# Compile in worker processes when a program brings at least this many kernels not yet built.
-# Starting workers (spawn, import torch and Triton) costs seconds: on the H100 a per-program
-# pool of 16 workers put a transformer block's cold compile at ~11 s, against ~1 s for the
-# same program once its kernels were in Triton's cache. So only large programs use the
-# (then kept) pool; a few kernels compile one after another in this process.
+# Compile in worker processes when a program brings at least this many kernels not yet built
+# (config.triton_compile_workers_min overrides it). Starting workers (import torch and Triton)
+# costs seconds: on the H100 a per-program pool of 16 workers put a transformer block's cold
+# compile at ~11 s, against ~1 s for the same program once its kernels were in Triton's cache.
+# So only large programs use the (then kept) pool; a few kernels compile one after another here.
 PARALLEL_MIN = 16
 PROGRESS_MIN = 8
 
@@ -150,38 +152,38 @@ def kernel_binaries(kernels: list[tuple[str, str, tuple]]) -> dict[str, tuple[co
 
 
 def warm_in_workers(specs: list[KernelSpec]) -> None:
-    """Compile new kernels in worker processes; the compiles that follow then hit Triton's cache."""
-    if compat.interpreting():
-        return
+    """Compile new kernels in worker processes; the compiles that follow then hit Triton's cache.
+    A kernel a worker could not compile is compiled here, where its error (if any) is raised."""
+    threshold = workers_min()
     todo = [spec for spec in specs if not _marker(spec).exists()]
-    if len(todo) < PARALLEL_MIN:
+    if threshold == 0 or len(todo) < threshold:
         return
-    pool = compile_pool()
-    futures = [
-        pool.submit(compat.warm_cache_in_subprocess, str(source_path(s.source)), s.name, s.arg_kinds(True),
-                    s.constexprs, s.num_warps)
+    requests = [
+        (s.name, (str(source_path(s.source).resolve()), s.name, s.arg_kinds(True), s.constexprs, s.num_warps,
+                  s.device_index))
         for s in todo
     ]
-    for future in _progress(futures, "compiling Triton kernels (workers)"):
-        future.result()
+    bar = _bar(len(todo), "compiling Triton kernels (workers)")
+    outcomes: list[Outcome] = compile_pool().run(requests, None if bar is None else lambda _: bar.update())
+    if bar is not None:
+        bar.close()
+    built = {o.key for o in outcomes if o.error is None}
     for spec in todo:
-        _marker(spec).touch()
+        if spec.name in built:
+            _marker(spec).touch()
+    failed = [o for o in outcomes if o.error is not None]
+    if failed:
+        first = failed[0]
+        warnings.warn(f"{len(failed)} Triton kernel(s) were not compiled in a worker, so they compile in this process; "
+                      f"the first, {first.key}: {(first.error or '').strip().splitlines()[-1]}", RuntimeWarning,
+                      stacklevel=2)
 
 
-_pool: ProcessPoolExecutor | None = None
-
-
-def compile_pool() -> ProcessPoolExecutor:
-    """One pool of compile workers per process, kept for later programs."""
-    global _pool
-    with _lock:
-        if _pool is None:
-            import multiprocessing
-
-            workers = max(1, min(os.cpu_count() or 1, 16))
-            _pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                        initializer=compat.prepare_worker)
-        return _pool
+def workers_min() -> int:
+    """How many new kernels a program needs to use compile workers (0: never)."""
+    if config.triton_compile_workers_min is not None:
+        return config.triton_compile_workers_min
+    return 0 if compat.interpreting() else PARALLEL_MIN
 
 
 def _marker(spec: KernelSpec) -> Path:
@@ -190,7 +192,7 @@ def _marker(spec: KernelSpec) -> Path:
 
 
 def _progress(items: list, description: str):
-    """A progress bar on stderr when there are many kernels."""
+    """`items`, with a progress bar on stderr when there are many kernels."""
     if len(items) < PROGRESS_MIN:
         return items
     try:
@@ -198,3 +200,14 @@ def _progress(items: list, description: str):
     except ImportError:
         return items
     return tqdm(items, desc=description, unit="kernel", file=sys.stderr, leave=False)
+
+
+def _bar(total: int, description: str):
+    """A progress bar on stderr for `total` kernels, or None when they are few (or tqdm is missing)."""
+    if total < PROGRESS_MIN:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=description, unit="kernel", file=sys.stderr, leave=False)

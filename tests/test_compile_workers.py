@@ -1,0 +1,181 @@
+"""Triton compile workers (wrapgen/kernels/triton/worker_pool.py): their own program, never a
+multiprocessing child, so a user's script without a main guard runs once, not once per worker.
+
+On CPU, Triton's interpreter compiles nothing: a worker does the same call it does on a GPU
+(import the kernel's source, `compat.compile_kernel`), which there only loads the kernel. So
+these tests check what is the same on both: how workers start, the protocol, parallel
+dispatch, errors and deaths. On a GPU the last test checks that a worker's compile lands in
+Triton's cache, so the compile in the parent that follows is a hit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import wrapgen
+from wrapgen.kernels.triton import compat, runtime, worker_pool
+from wrapgen.kernels.triton.worker_pool import CompilePool
+
+pytestmark = [
+    pytest.mark.skipif(not compat.available(), reason="needs triton"),
+    pytest.mark.skipif(not torch.cuda.is_available() and not compat.interpreting(),
+                       reason="Triton on CPU needs TRITON_INTERPRET=1"),
+]
+
+REPO = Path(__file__).resolve().parents[1]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# A user's script as people write them: no `if __name__ == "__main__":` guard. Each run of
+# its body appends a line to the counter file; a worker that imported `__main__` would too.
+PROGRAM = """\
+def program(x, y):
+    return (x.sin() + y).sum(1), (x * y).amax(0), torch.softmax(x.cos(), dim=-1)
+"""
+SCRIPT = """\
+import json, os, sys
+import torch
+import wrapgen
+from wrapgen.kernels.triton.worker_pool import compile_pool
+
+counter, out = sys.argv[1], sys.argv[2]
+with open(counter, "a") as f:
+    f.write(f"{os.getpid()}\\n")
+
+""" + PROGRAM + """
+x, y = torch.randn(8, 32, device=sys.argv[3]), torch.randn(8, 32, device=sys.argv[3])
+compiled = wrapgen.compile(program, (x, y))
+torch.save({"inputs": (x, y), "outputs": compiled(x, y)}, out)
+print(json.dumps({"pid": os.getpid(), "served": compile_pool().served()}))
+"""
+
+KERNEL = """\
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_one(x_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) + 1, mask=offsets < n)
+"""
+
+
+def eager_program():
+    namespace: dict = {"torch": torch}
+    exec(PROGRAM, namespace)
+    return namespace["program"]
+
+
+def _request(path: Path, name: str = "add_one") -> tuple[str, tuple]:
+    """A real warm-up request, as runtime.warm_in_workers builds it."""
+    return name, (str(path), name, [("ptr", (torch.float32, True)), ("int", False)], {"BLOCK": 16}, 4, 0)
+
+
+def test_script_without_main_guard_runs_once(tmp_path: Path) -> None:
+    script = tmp_path / "user_script.py"
+    script.write_text(SCRIPT)
+    counter, out = tmp_path / "body_runs.txt", tmp_path / "results.pt"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "WRAPGEN_CACHE_DIR": str(tmp_path / "cache"),  # no kernel built yet: the workers get them all
+        "WRAPGEN_CPU_KERNELS": "triton",
+        "WRAPGEN_TRITON_COMPILE_WORKERS_MIN": "2",  # the program has 2 kernels: take the worker path
+    }
+    result = subprocess.run([sys.executable, str(script), str(counter), str(out), DEVICE], env=env,
+                            capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+
+    assert counter.read_text().splitlines() == [str(report["pid"])]  # the body ran once, in the script's process
+    served = {int(pid): n for pid, n in report["served"].items()}
+    assert sum(served.values()) == 2 and report["pid"] not in served  # both kernels went to worker processes
+    saved = torch.load(out)
+    torch.testing.assert_close(saved["outputs"], eager_program()(*saved["inputs"]))
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in served) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in served), "compile workers outlived the script"
+
+
+def test_worker_errors_and_deaths_come_back_as_outcomes(tmp_path: Path) -> None:
+    """A failing request leaves the worker serving; a worker that dies is reported, not waited
+    on, and replaced on the next batch."""
+    good, dying = tmp_path / "good.py", tmp_path / "dying.py"
+    good.write_text(KERNEL)
+    dying.write_text("import os\nos._exit(3)\n")
+    pool = CompilePool(max_workers=1)
+    try:
+        first = pool.run([_request(good), _request(good, "missing_kernel")])  # one worker: in order
+        assert first[0].error is None
+        assert "AttributeError" in (first[1].error or "") and "missing_kernel" in (first[1].error or "")
+        (pid,) = pool.served()
+
+        died = pool.run([_request(dying), _request(good)])
+        assert "exited with code 3" in (died[0].error or "") and f"pid {pid}" in (died[0].error or "")
+        assert died[1].error == "no Triton compile worker was left to take it"
+
+        again = pool.run([_request(good)])
+        assert again[0].error is None and list(pool.served()) != [pid]
+    finally:
+        workers = list(pool.workers)
+        pool.close()
+    assert workers and all(w.process.poll() is not None for w in workers)  # stopped, not left running
+
+
+def test_workers_are_used_from_the_configured_number_of_new_kernels() -> None:
+    with wrapgen.config.patch(triton_compile_workers_min=None):
+        assert runtime.workers_min() == (0 if compat.interpreting() else runtime.PARALLEL_MIN)
+    with wrapgen.config.patch(triton_compile_workers_min=3):
+        assert runtime.workers_min() == 3
+
+
+def test_kernels_compile_here_when_no_worker_starts(monkeypatch, tmp_path: Path) -> None:
+    """No Python to start a worker with: a warning names why, and the kernels compile in this process."""
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python-here"))
+    monkeypatch.setattr(worker_pool, "_pool", None)  # a fresh pool for this process, none started yet
+    x, y = torch.randn(8, 32, device=DEVICE), torch.randn(8, 32, device=DEVICE)
+    cache = tmp_path / "cache"
+    with wrapgen.config.patch(cpu_kernels="triton", triton_compile_workers_min=1, cache_dir=str(cache)):
+        with pytest.warns(RuntimeWarning, match="compile in this process.*could not start a Triton compile worker"):
+            compiled = wrapgen.compile(eager_program(), (x, y))
+    torch.testing.assert_close(compiled(x, y), eager_program()(x, y))
+    assert not list((cache / "triton").glob("built_*"))  # not marked as built: a later program tries again
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a real compile needs a GPU")
+def test_worker_compile_lands_in_the_parents_triton_cache(tmp_path: Path) -> None:
+    """After a worker compiled a kernel, compiling it here adds nothing to Triton's cache."""
+    script = f"""\
+import os, sys
+from pathlib import Path
+sys.path.insert(0, {str(REPO)!r})
+import torch
+import wrapgen
+from wrapgen.kernels.triton import compat, runtime, worker_pool
+from wrapgen.kernels.triton.worker_pool import CompilePool
+path = Path({str(tmp_path / "kernel.py")!r})
+path.write_text({KERNEL!r})
+cache = Path(os.environ["TRITON_CACHE_DIR"])
+pool = CompilePool(1)
+outcome = pool.run([("add_one", (str(path), "add_one", [("ptr", (torch.float32, True)), ("int", False)],
+                                 {{"BLOCK": 16}}, 4, 0))])
+assert outcome[0].error is None, outcome
+before = sorted(p.name for p in cache.iterdir())
+fn = compat.load_module(path, "wrapgen_triton_kernel").add_one
+compat.compile_kernel(fn, [("ptr", (torch.float32, True)), ("int", False)], {{"BLOCK": 16}}, 4)
+after = sorted(p.name for p in cache.iterdir())
+assert before and before == after, (before, after)
+print("HIT", len(before))
+"""
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton_cache")}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "HIT" in result.stdout, result.stdout + result.stderr[-3000:]
