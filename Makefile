@@ -29,8 +29,13 @@ clean:
 
 # Benchmarks: eager vs torch.compile vs every wrapgen target; writes benchmarks/results/bench-<device>-*.{md,png,json}.
 # BENCH_ARGS, e.g. "--device cpu --workloads softmax,mlp --rounds 1" or "--quick" (default: 3 rounds, medians reported).
+# Then the real models (GPT-2, Llama-style GQA, BERT, ResNet-50, ViT-B/16; full sizes on CUDA, small on CPU) into
+# bench-<device>-*-models[-bf16].*: BENCH_MODELS picks them ("gpt2,bert"; "none" skips), MODEL_BENCH_ARGS e.g.
+# "--dtype bf16 --tasks inference --rounds 1"; `python -m benchmarks.model_lowering` counts kernels vs library calls.
+BENCH_MODELS ?= all
 bench: $(STAMP)
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
+	test "$(BENCH_MODELS)" = none || $(PY) -m benchmarks.run --models $(BENCH_MODELS) $(MODEL_BENCH_ARGS)
 
 # Conformance: every OpInfo op through every wrapgen target; writes benchmarks/results/conformance-<device>-<target>.md.
 # CONFORMANCE_ARGS, e.g. "--ops 'add*' 'nn.functional.*'", "--max-samples 0" (every sample), "--jobs 4".

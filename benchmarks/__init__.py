@@ -1,14 +1,22 @@
 """wrapgen's benchmark harness: eager PyTorch, torch.compile (Inductor) and every wrapgen target,
-measured side by side on a fixed set of workloads.
+measured side by side on a fixed set of micro workloads, and on real models.
 
     python -m benchmarks.run --device cpu|cuda [--workloads a,b] [--repeats N] [--quick]
+    python -m benchmarks.run --models all|gpt2,llama,bert,resnet50,vit_b16 [--dtype bf16]
+    python -m benchmarks.model_lowering [--models ...]     generated kernels vs library calls
     make bench
 
 Modules, one job each:
-    workloads   the models and their input sizes per device
-    contenders  how each contender is built (eager, torch.compile, wrapgen targets), with fresh caches
-    measure     timing, peak memory, copy bandwidth, the correctness check
-    machine     date, machine, versions: what a result file is named after
-    report      the markdown table, the PNG chart and a JSON dump of the raw numbers
-    run         the command line and the loop over workloads x contenders
+    workloads       the micro workloads and their input sizes per device
+    models          the real models (GPT-2, Llama-style GQA, BERT, ResNet-50, ViT-B/16) from configs
+    training        a training step (forward + backward, gradients returned) as a workload
+    contenders      how each contender is built (eager, torch.compile, wrapgen targets), with fresh caches
+    measure         timing, peak memory, copy bandwidth, the correctness check
+    harness         the loop over workloads x contenders in rounds: build, check, time, measure
+    machine         date, machine, versions: what a result file is named after
+    report          the markdown table, the PNG chart and a JSON dump of the raw numbers
+    model_suite     the models as workloads, their contenders, tolerances and result files
+    model_report    the markdown page of a model run
+    model_lowering  per model: generated kernels, launches and ExternKernel lines by op
+    run             the command line
 """

@@ -3,6 +3,8 @@
 A contender builds a callable from (model, example inputs) inside `caches(root)`, a context
 that gives it fresh, empty compile caches under `root`, so that its first call is a cold
 compile. torch.compile compiles lazily: its build is instant and its first call compiles.
+For training steps a contender's `train_build` compiles the loss module instead: through
+torch.compile (for wrapgen, `backend="wrapgen"`), since aot_autograd builds the backward.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Contender:
     build: Build
     caches: Callable[[str], contextlib.AbstractContextManager] = field(default=no_caches)
     compiles: bool = True  # False for eager: no compile time to report
+    train_build: Build | None = None  # compiles a module whose backward is run too; None: no training
 
 
 # -- eager -------------------------------------------------------------------------------------
@@ -101,29 +104,41 @@ def _wrapgen(target: str, **options: Any) -> Build:
     return build
 
 
+def _wrapgen_dynamo(target: str, **options: Any) -> Build:
+    """wrapgen through torch.compile: what a training step needs (wrapgen.compile is inference-only)."""
+
+    def build(model: nn.Module, inputs: tuple) -> Callable[..., Any]:
+        return torch.compile(model, backend="wrapgen", options={"target": target, **options})
+
+    return build
+
+
 # -- the list ----------------------------------------------------------------------------------
 
 
 def default_contenders(device: str) -> list[Contender]:
     """eager, torch.compile (default; reduce-overhead on CUDA) and every registered wrapgen target."""
     contenders = [
-        Contender("eager", _eager, compiles=False),
-        Contender("torch.compile", _torch_compile(None), fresh_inductor_caches),
+        Contender("eager", _eager, compiles=False, train_build=_eager),
+        Contender("torch.compile", _torch_compile(None), fresh_inductor_caches, train_build=_torch_compile(None)),
     ]
     if device == "cuda":
-        contenders.append(
-            Contender("torch.compile[reduce-overhead]", _torch_compile("reduce-overhead"), fresh_inductor_caches)
-        )
+        reduce_overhead = _torch_compile("reduce-overhead")
+        contenders.append(Contender("torch.compile[reduce-overhead]", reduce_overhead, fresh_inductor_caches,
+                                    train_build=reduce_overhead))
     for target in wrapgen.backends.registered_backends():
-        contenders.append(Contender(f"wrapgen[{target}]", _wrapgen(target), fresh_wrapgen_cache))
+        contenders.append(Contender(f"wrapgen[{target}]", _wrapgen(target), fresh_wrapgen_cache,
+                                    train_build=_wrapgen_dynamo(target)))
     # The default memory plan is buffer reuse; the pooled plan is measured beside it once.
-    contenders.append(Contender("wrapgen[python+pooled]", _wrapgen("python", memory_planning="pooled"), fresh_wrapgen_cache))
+    pooled = {"memory_planning": "pooled"}
+    contenders.append(Contender("wrapgen[python+pooled]", _wrapgen("python", **pooled), fresh_wrapgen_cache,
+                                train_build=_wrapgen_dynamo("python", **pooled)))
     if device == "cpu":
         # Large CPU buffers are advised onto huge pages by default; this row shows the kernels
         # and wrapper without that advice, on the 4 KiB pages every other contender gets.
-        contenders.append(
-            Contender("wrapgen[python+4k-pages]", _wrapgen("python", cpu_huge_pages=False), fresh_wrapgen_cache)
-        )
+        small_pages = {"cpu_huge_pages": False}
+        contenders.append(Contender("wrapgen[python+4k-pages]", _wrapgen("python", **small_pages),
+                                    fresh_wrapgen_cache, train_build=_wrapgen_dynamo("python", **small_pages)))
     return contenders
 
 

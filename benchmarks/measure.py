@@ -61,10 +61,14 @@ def timed_call(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
     return result, time.perf_counter() - start
 
 
-def reset_peak_memory(device: str) -> None:
-    if device == "cuda":
-        synchronize(device)
-        torch.cuda.reset_peak_memory_stats()
+def reset_peak_memory(device: str) -> int | None:
+    """Start a peak-memory measurement; the bytes allocated now (inputs, weights: the baseline a
+    peak above the inputs is taken from), or None on CPU (not measured)."""
+    if device != "cuda":
+        return None
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
 
 
 def peak_memory(device: str) -> int | None:
@@ -79,6 +83,11 @@ def release(device: str) -> None:
     """Give freed device memory back between contenders (on CPU, Python frees it already)."""
     if device == "cuda":
         gc.collect()
+        # cuBLAS keeps a workspace per handle in the caching allocator (32 MiB and more on Hopper);
+        # freed here, every contender starts from the same baseline and pays for its own.
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None:
+            clear_workspaces()
         torch.cuda.empty_cache()
 
 
@@ -105,16 +114,60 @@ def tensor_bytes(*trees: Any) -> int:
     return total
 
 
-def check_close(actual: Any, expected: Any, rtol: float, atol: float) -> str | None:
-    """None when `actual` matches eager's `expected` (a host copy), else the reason (first lines)."""
+def _scale(t: torch.Tensor) -> float:
+    """The largest finite magnitude of a tensor (1 for an empty or all-zero one)."""
+    if t.numel() == 0 or not (t.is_floating_point() or t.is_complex()):
+        return 1.0
+    finite = t.detach().abs().float()
+    finite = finite[torch.isfinite(finite)]
+    return float(finite.max()) if finite.numel() and float(finite.max()) > 0 else 1.0
+
+
+def check_close(actual: Any, expected: Any, rtol: float, atol: float, scaled: bool = False) -> str | None:
+    """None when `actual` matches eager's `expected` (a host copy), else the reason (first lines).
+
+    `scaled`: `atol` is relative to each expected tensor's largest magnitude. A real model's
+    outputs and gradients span orders of magnitude from one tensor to the next, and a reduction
+    order's rounding error is proportional to the tensor's scale, not to each element."""
     try:
         actual = host_copy(actual)
         if pytree.tree_structure(actual) != pytree.tree_structure(expected):
             return f"output structure differs: {pytree.tree_structure(actual)} vs {pytree.tree_structure(expected)}"
-        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+        if not scaled:
+            torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+            return None
+        for index, (a, e) in enumerate(zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected))):
+            if isinstance(e, torch.Tensor):
+                atol_here = atol * _scale(e)
+                torch.testing.assert_close(a, e, rtol=rtol, atol=atol_here,
+                                           msg=lambda m, i=index, t=atol_here: f"output {i} (atol {t:.3g}): {m}")
+            else:
+                torch.testing.assert_close(a, e, rtol=rtol, atol=atol)
     except AssertionError as error:
         return " ".join(str(error).split("\n")[:3])
     return None
+
+
+def relative_error(actual: Any, expected: Any) -> float | None:
+    """The largest |actual - expected| over the largest |expected|, the worst over the output
+    tensors: how far from eager an output is, on the scale of that output (None: not comparable)."""
+    actual = host_copy(actual)
+    if pytree.tree_structure(actual) != pytree.tree_structure(expected):
+        return None
+    worst = 0.0
+    leaves = zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected))
+    for a, e in leaves:
+        if not isinstance(a, torch.Tensor) or not isinstance(e, torch.Tensor) or not e.is_floating_point():
+            continue
+        if a.shape != e.shape:
+            return None
+        if e.numel():
+            try:
+                difference = (a.float() - e.float()).abs().nan_to_num(float("inf"))
+            except (RuntimeError, TypeError):  # not comparable (e.g. a device or layout it cannot copy)
+                return None
+            worst = max(worst, float(difference.max()) / _scale(e))
+    return worst
 
 
 def host_copy(tree: Any) -> Any:

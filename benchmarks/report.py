@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,8 @@ class Result:
     peak_bytes: int | None = None
     bytes_moved: int | None = None  # memory-bound workloads: inputs read once + outputs written once
     round_times: list[float] = field(default_factory=list)  # each round's median (median_s: their median)
+    base_bytes: int | None = None  # allocated when the contender started: inputs and weights (CUDA)
+    error: float | None = None  # first output's max |actual - eager| / max |eager|, worst tensor
 
 
 @dataclass
@@ -37,6 +40,7 @@ class Report:
     results: list[Result]
     elapsed_s: float = 0.0
     rounds: int = 1
+    extra: dict = field(default_factory=dict)  # suite-specific settings, written to the JSON (dtype, ...)
 
     def time_of(self, workload: str, contender: str) -> float | None:
         for r in self.results:
@@ -89,19 +93,20 @@ def fmt_time(seconds: float | None) -> str:
     return f"{seconds:.2f} s"
 
 
-def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+def fmt_value(value: float | None, spec: str, suffix: str = "") -> str:
     return "—" if value is None else f"{value:{spec}}{suffix}"
 
 
-def _cell(text: str) -> str:
+def table_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(report: Report) -> str:
+def header_lines(report: Report, title: str = "wrapgen benchmarks", settings: dict[str, str] | None = None) -> list[str]:
+    """The title and the table of where and with what the run was made (`settings`: extra rows)."""
     info = report.info
     on_cuda = info.device == "cuda"
     lines = [
-        f"# wrapgen benchmarks — {info.device.upper()} — {info.date}",
+        f"# {title} — {info.device.upper()} — {info.date}",
         "",
         "| | |",
         "| --- | --- |",
@@ -118,7 +123,8 @@ def markdown(report: Report) -> str:
         f"| triton | {info.triton or 'not installed'} |",
         f"| wrapgen | {info.wrapgen} (commit {info.wrapgen_commit or 'unknown'}) |",
         f"| sizes | `{report.profile}` profile |",
-        f"| copy bandwidth | {_fmt(report.copy_bandwidth and report.copy_bandwidth / 1e9, '.1f', ' GB/s')}"
+        *(f"| {key} | {value} |" for key, value in (settings or {}).items()),
+        f"| copy bandwidth | {fmt_value(report.copy_bandwidth and report.copy_bandwidth / 1e9, '.1f', ' GB/s')}"
         f" (`dst.copy_(src)`, {report.copy_buffer_bytes / 2**20:.0f} MiB buffer, read + write counted) |",
         f"| run took | {report.elapsed_s / 60:.1f} min |",
         "",
@@ -129,7 +135,12 @@ def markdown(report: Report) -> str:
             "> cores. Peak memory is not measured on CPU (n/a).",
             "",
         ]
+    return lines
 
+
+def markdown(report: Report) -> str:
+    on_cuda = report.info.device == "cuda"
+    lines = header_lines(report)
     lines += ["## Results", ""]
     header = ["workload", "contender", "status", "median time", "± rounds", "vs eager", "vs torch.compile",
               "cold compile", "peak memory", "% copy BW"]
@@ -138,21 +149,21 @@ def markdown(report: Report) -> str:
         if r.status != "ok":
             row = [r.workload, r.contender, STATUS_TEXT.get(r.status, r.status)] + ["—"] * 7
         else:
-            peak = "n/a" if not on_cuda else _fmt(None if r.peak_bytes is None else r.peak_bytes / 2**20, ".1f", " MiB")
+            peak = "n/a" if not on_cuda else fmt_value(None if r.peak_bytes is None else r.peak_bytes / 2**20, ".1f", " MiB")
             fraction = report.bandwidth_fraction(r)
             row = [
                 r.workload,
                 r.contender,
                 "ok",
                 fmt_time(r.median_s),
-                _fmt(report.spread(r) and report.spread(r) * 100, ".0f", "%"),
-                _fmt(report.speedup(r), ".2f", "x"),
-                _fmt(report.vs_torch_compile(r), ".2f", "x"),
+                fmt_value(report.spread(r) and report.spread(r) * 100, ".0f", "%"),
+                fmt_value(report.speedup(r), ".2f", "x"),
+                fmt_value(report.vs_torch_compile(r), ".2f", "x"),
                 "—" if r.compile_s is None else f"{r.compile_s:.2f} s",
                 peak,
-                _fmt(fraction and fraction * 100, ".0f", "%"),
+                fmt_value(fraction and fraction * 100, ".0f", "%"),
             ]
-        lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
+        lines.append("| " + " | ".join(table_cell(c) for c in row) + " |")
     lines.append("")
 
     contenders = [c for c in report.contenders() if c != "eager"]
@@ -168,7 +179,7 @@ def markdown(report: Report) -> str:
                 elif r.status != "ok":
                     cells.append(r.status)
                 else:
-                    cells.append(_fmt(report.speedup(r), ".2f", "x"))
+                    cells.append(fmt_value(report.speedup(r), ".2f", "x"))
             lines.append(f"| {workload} | " + " | ".join(cells) + " |")
         lines.append("")
 
@@ -176,7 +187,7 @@ def markdown(report: Report) -> str:
     if failures:
         lines += ["## Failures", ""]
         for r in failures:
-            lines.append(f"- **{r.workload} / {r.contender}** — {r.status}: `{_cell(r.detail)[:500]}`")
+            lines.append(f"- **{r.workload} / {r.contender}** — {r.status}: `{table_cell(r.detail)[:500]}`")
         lines.append("")
 
     lines += ["## Workloads (float32)", "", "| workload | sizes |", "|---|---|"]
@@ -286,11 +297,11 @@ def chart(report: Report, path: Path) -> None:
     plt.close(fig)
 
 
-def write(report: Report, out_dir: Path, stem: str) -> list[Path]:
-    """Write `<stem>.md`, `<stem>.png` and `<stem>.json` into `out_dir`; return their paths."""
+def write(report: Report, out_dir: Path, stem: str, render: Callable[[Report], str] = markdown) -> list[Path]:
+    """Write `<stem>.md` (by `render`), `<stem>.png` and `<stem>.json` into `out_dir`; return their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     md, png, raw = (out_dir / f"{stem}{ext}" for ext in (".md", ".png", ".json"))
-    md.write_text(markdown(report))
+    md.write_text(render(report))
     chart(report, png)
     payload = {
         "machine": report.info.as_dict(),
@@ -299,6 +310,7 @@ def write(report: Report, out_dir: Path, stem: str) -> list[Path]:
         "rounds": report.rounds,
         "copy_bandwidth_bytes_per_s": report.copy_bandwidth,
         "workloads": report.workloads,
+        **({"settings": report.extra} if report.extra else {}),
         "results": [
             asdict(r) | {"speedup": report.speedup(r), "vs_torch_compile": report.vs_torch_compile(r),
                          "copy_bw_fraction": report.bandwidth_fraction(r)}

@@ -120,6 +120,8 @@ class Workload:
     memory_bound: bool = False
     rtol: float = 1e-4
     atol: float = 1e-4
+    atol_scaled: bool = False  # atol is relative to each output tensor's largest magnitude (real models)
+    training: bool = False  # the model is a benchmarks.training.TrainingStep: forward + backward
 
     def build(self, device: str, profile: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
         torch.manual_seed(seed)

@@ -1,10 +1,13 @@
 """The benchmark harness in --quick mode: it writes its files, and a contender that raises or
-computes a wrong answer is reported as such while the run goes on. Nothing here is about speed."""
+computes a wrong answer (or wrong gradients) is reported as such while the run goes on; the
+real-model suite's small configs build and run. Nothing here is about speed."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `benchmarks` is a top-level package of the repository, not installed
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import contenders, run, workloads  # noqa: E402
+from benchmarks import (  # noqa: E402
+    contenders,
+    harness,
+    measure,
+    model_lowering,
+    model_report,
+    model_suite,
+    models,
+    run,
+    training,
+    workloads,
+)
 from benchmarks.contenders import Contender  # noqa: E402
 from benchmarks.report import Report, Result  # noqa: E402
 
@@ -93,11 +107,15 @@ def test_rounds_combine_into_medians_and_keep_failures() -> None:
     def cell(status: str, seconds: float | None = None, compile_s: float | None = None, peak: int | None = None):
         return Result("softmax", "wrapgen[python]", status, "boom" if status != "ok" else "", seconds, compile_s, peak)
 
-    combined = run.combine_rounds([cell("ok", 3.0, 1.0, 10), cell("ok", 1.0, 5.0, 30), cell("ok", 2.0, 2.0, 20)])
+    combined = harness.combine_rounds([cell("ok", 3.0, 1.0, 10), cell("ok", 1.0, 5.0, 30), cell("ok", 2.0, 2.0, 20)])
     assert (combined.median_s, combined.compile_s, combined.peak_bytes) == (2.0, 2.0, 30)
     assert combined.round_times == [3.0, 1.0, 2.0]
     assert Report.spread(combined) == 0.5
-    failed = run.combine_rounds([cell("ok", 1.0), cell("wrong")])
+    low, high = cell("ok", 1.0, 1.0, 10), cell("ok", 1.0, 1.0, 30)
+    low.base_bytes, high.base_bytes, low.error, high.error = 5, 7, 1e-6, 1e-7
+    combined = harness.combine_rounds([low, high])  # the peak round's baseline, the worst error
+    assert (combined.base_bytes, model_report.peak_above_inputs(combined), combined.error) == (7, 23, 1e-6)
+    failed = harness.combine_rounds([cell("ok", 1.0), cell("wrong")])
     assert failed.status == "wrong" and failed.detail == "round 2 of 2: boom"
 
 
@@ -113,3 +131,129 @@ def test_selection_rejects_unknown_names() -> None:
 def test_every_workload_has_every_profile() -> None:
     for workload in workloads.WORKLOADS.values():
         assert set(workload.sizes) == set(workloads.PROFILES), workload.name
+
+
+# -- the real-model suite --------------------------------------------------------------------------
+
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None,
+    reason="transformers is not installed (pip install -e '.[models]'; `make test` installs it)",
+)
+
+
+def _vision_impls() -> list[str]:
+    return ["transformers"] + (["torchvision"] if models.torchvision_available() else [])
+
+
+def _family_cases() -> list:
+    cases = []
+    for family in models.FAMILIES.values():
+        for impl in _vision_impls() if family.vision else ["auto"]:
+            cases.append(pytest.param(family.name, impl, id=f"{family.name}-{impl}" if family.vision else family.name))
+    return cases
+
+
+@needs_transformers
+@pytest.mark.parametrize("name,impl", _family_cases())
+def test_small_model_builds_and_runs_a_forward_quickly(name: str, impl: str) -> None:
+    family = models.FAMILIES[name]
+    start = time.perf_counter()
+    model, inputs = family.build("cpu", "small", torch.float32, impl)
+    with torch.no_grad():
+        out = model(*inputs)
+    seconds = time.perf_counter() - start
+    assert not model.training
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32 and torch.isfinite(out).all()
+    size = family.sizes["small"]
+    assert out.shape[0] == size["batch"]
+    if "tokens" in size:
+        assert inputs[0].shape == (size["batch"], size["tokens"]) and inputs[0].dtype == torch.int64
+    else:
+        assert inputs[0].shape == (size["batch"], 3, size["image"], size["image"]) and out.shape[-1] == 1000
+    assert seconds < 20, f"{name}: building and running the small config took {seconds:.1f} s"
+
+
+@needs_transformers
+def test_small_llama_uses_grouped_query_attention_and_bf16_casts() -> None:
+    model, _ = models.FAMILIES["llama"].build("cpu", "small", torch.bfloat16)
+    config = model.model.config
+    assert config.num_key_value_heads < config.num_attention_heads
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+@needs_transformers
+def test_training_step_returns_loss_and_every_gradient() -> None:
+    lm, inputs = models.FAMILIES["gpt2"].build("cpu", "small")
+    step = training.TrainingStep(models.LanguageModelLoss(lm))
+    loss, grads = step(*inputs)
+    params = [p for p in step.parameters() if p.requires_grad]
+    assert loss.ndim == 0 and len(grads) == len(params) and all(g is not None for g in grads)
+    assert all(p.grad is None for p in params)  # taken off: the next contender starts clean
+    compiled = training.compiled_step(step, lambda module, _: module, inputs)  # the identity "compiler"
+    torch.testing.assert_close(compiled(*inputs), (loss, grads))
+    with pytest.raises(ValueError, match="no training build"):
+        training.compiled_step(step, None, inputs)
+
+
+def _scaled_loss(module, inputs):
+    return lambda *args: module(*args) * 1.01
+
+
+WRONG_TRAINER = Contender("wrong_gradients", _wrong, train_build=_scaled_loss)
+
+
+@needs_transformers
+def test_quick_model_run_checks_outputs_and_gradients(tmp_path: Path) -> None:
+    argv = ["--device=cpu", "--models=gpt2", "--quick", "--contenders=wrapgen[python]", "--repeats=1",
+            f"--out-dir={tmp_path}", "--no-progress"]
+    paths = run.main(argv, extra_contenders=[WRONG_TRAINER, BROKEN[1]])
+    assert sorted(p.suffix for p in paths) == [".json", ".md", ".png"]
+    assert all(p.stem.endswith("-models-quick") and p.stat().st_size > 0 for p in paths)
+    raw = json.loads(next(p for p in paths if p.suffix == ".json").read_text())
+    assert raw["settings"]["dtype"] == "fp32" and raw["settings"]["size"] == "small"
+    status = {(r["workload"], r["contender"]): r for r in raw["results"]}
+    for workload in ("gpt2", "gpt2-train"):
+        for contender in ("eager", "wrapgen[python]"):
+            assert status[workload, contender]["status"] == "ok", status[workload, contender]["detail"]
+        assert status[workload, "wrapgen[python]"]["error"] < 1e-3
+        assert status[workload, "wrong_gradients"]["status"] == "wrong"
+    assert ("gpt2-train", "broken_call") not in status  # no train_build: not a training contender
+    assert status["gpt2", "broken_call"]["status"] == "error"
+    markdown = next(p for p in paths if p.suffix == ".md").read_text()
+    assert "| gpt2-train | wrapgen[python] | ok |" in markdown and "peak above inputs" in markdown
+
+
+def test_scaled_tolerance_follows_each_output_scale() -> None:
+    big, small = torch.full((4,), 1000.0), torch.full((4,), 1e-3)
+    off = 0.5  # 5e-4 of the big tensor's scale, 500x the small one's values
+    assert measure.check_close((big + off, small), (big, small), rtol=0, atol=1e-3, scaled=True) is None
+    assert measure.check_close((big, small + off), (big, small), rtol=0, atol=1e-3, scaled=True) is not None
+    assert measure.check_close((big + off, small), (big, small), rtol=0, atol=1e-3) is not None
+    assert measure.relative_error((big + off, small), (big, small)) == pytest.approx(5e-4)
+
+
+@needs_transformers
+def test_lowering_report_counts_kernels_and_library_calls() -> None:
+    counts = model_lowering.lower_family(models.FAMILIES["bert"], "cpu", "small", torch.float32)
+    assert counts.kernels > 0 and counts.launches >= counts.kernels and counts.extern_lines > 0
+    assert model_lowering.op_name("aten::addmm.out") == "addmm"
+    assert model_lowering.op_name("quantized::linear.default") == "quantized::linear"
+    text = model_lowering.report([models.FAMILIES["bert"]], "cpu", "small", "fp32")
+    assert text.count("\n| bert |") == 1 and "ERROR" not in text
+
+
+def test_model_options_are_checked() -> None:
+    with pytest.raises(SystemExit):
+        run.parse_args(["--dtype=bf16"])  # a model option without --models
+    with pytest.raises(SystemExit):
+        run.parse_args(["--models=gpt2,nope"])
+    with pytest.raises(SystemExit):
+        run.parse_args(["--models=gpt2", "--tasks=inference,sleeping"])
+    args = run.parse_args(["--device=cpu", "--models=all", "--dtype=bf16", "--size=full", "--threads=1"])
+    assert model_suite.file_suffix(args, "full") == "-models-bf16-full-threads1"
+    names = [c.name for c in model_suite.model_contenders("cpu", None)]
+    assert names[:2] == ["eager", "torch.compile"] and "wrapgen[python]" in names and "wrapgen[python+pooled]" not in names
+    workloads_ = model_suite.model_workloads(models.select("gpt2,bert"), "small", "bf16")
+    assert [w.name for w in workloads_] == ["gpt2", "gpt2-train", "bert"]
+    assert workloads_[1].training and all(w.atol_scaled for w in workloads_)
+    assert [w.rtol for w in workloads_] == [5e-2, 1e-1, 5e-2]

@@ -1,0 +1,206 @@
+"""The measuring loop: every workload x every contender, in rounds, each cell built, checked
+against eager, timed and measured; a contender's failure is a result, not the end of the run."""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from benchmarks import machine, measure, training
+from benchmarks.contenders import Contender
+from benchmarks.measure import TimingPlan
+from benchmarks.report import Report, Result
+from benchmarks.workloads import Workload
+
+
+def build_callable(
+    workload: Workload, contender: Contender, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]
+) -> Callable[..., Any]:
+    """What a contender runs for a workload: its build of the model, or for a training workload
+    the step around its `train_build` of the loss module."""
+    if workload.training:
+        return training.compiled_step(model, contender.train_build, inputs)
+    return contender.build(model, inputs)
+
+
+def bench_one(
+    workload: Workload,
+    contender: Contender,
+    model: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    reference: object,
+    device: str,
+    plan: TimingPlan,
+    cache_root: str,
+) -> Result:
+    """Build, check, time and measure one contender on one workload; never raises."""
+    result = Result(workload.name, contender.name, "error")
+    try:
+        with torch.no_grad():
+            result.base_bytes = measure.reset_peak_memory(device)
+            with contender.caches(cache_root):
+                measure.synchronize(device)
+                start = time.perf_counter()
+                fn = build_callable(workload, contender, model, inputs)
+                output, _ = measure.timed_call(lambda: fn(*inputs), device)
+                cold_s = time.perf_counter() - start
+            result.compile_s = cold_s if contender.compiles else None
+            result.error = measure.relative_error(output, reference)
+            problem = measure.check_close(output, reference, workload.rtol, workload.atol, workload.atol_scaled)
+            del output
+            if problem is not None:
+                result.status, result.detail = "wrong", problem
+                return result
+            median = measure.median_time(lambda: fn(*inputs), device, plan)
+            problem = measure.check_close(fn(*inputs), reference, workload.rtol, workload.atol, workload.atol_scaled)
+            if problem is not None:
+                result.status, result.detail = "wrong", f"on a warm call: {problem}"
+                return result
+            peak = measure.peak_memory(device)
+        result.status, result.median_s, result.peak_bytes = "ok", median, peak
+        if workload.memory_bound:
+            result.bytes_moved = measure.tensor_bytes(
+                inputs, list(model.parameters()), list(model.buffers()), reference
+            )
+    except Exception as error:  # a contender's failure is a result, not the end of the run
+        result.status, result.detail = "error", f"{type(error).__name__}: {error}"
+    return result
+
+
+def combine_rounds(rounds: list[Result], planned: int | None = None) -> Result:
+    """One cell from its rounds (`planned` of them, a failed contender stops early): the failure
+    if a round failed; else the median of the rounds' median times, the median cold compile and
+    the largest peak memory."""
+    planned = planned or len(rounds)
+    failed = next((r for r in rounds if r.status != "ok"), None)
+    if failed is not None:
+        if planned > 1:
+            failed.detail = f"round {rounds.index(failed) + 1} of {planned}: {failed.detail}"
+        return failed
+    first = rounds[0]
+    times = [r.median_s for r in rounds]
+    compiles = [r.compile_s for r in rounds if r.compile_s is not None]
+    peak = max(rounds, key=lambda r: -1 if r.peak_bytes is None else r.peak_bytes)  # its baseline with it
+    errors = [r.error for r in rounds if r.error is not None]
+    return Result(
+        first.workload, first.contender, "ok",
+        median_s=statistics.median(times),
+        compile_s=statistics.median(compiles) if compiles else None,
+        peak_bytes=peak.peak_bytes,
+        base_bytes=peak.base_bytes,
+        error=max(errors) if errors else None,
+        bytes_moved=first.bytes_moved,
+        round_times=times,
+    )
+
+
+def contenders_for(workload: Workload, contenders: list[Contender]) -> list[Contender]:
+    """The contenders that take part in a workload: for a training step, those that can train."""
+    return [c for c in contenders if not workload.training or c.train_build is not None]
+
+
+class _WarmUp(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(torch.tanh(x) @ x.T, dim=-1) + 1.0
+
+
+def warm_up(contender: Contender, device: str, cache_root: str) -> None:
+    """Compile and run a tiny unrelated model once, so that one-time process costs (imports,
+    compile worker pools, device context) are not charged to the first workload's cold compile."""
+    model, x = _WarmUp().to(device), torch.randn(8, 8, device=device)
+    try:
+        with torch.no_grad(), contender.caches(cache_root):
+            fn = contender.build(model, (x,))
+            fn(x)
+            fn(x)
+        measure.synchronize(device)
+    except Exception:
+        pass  # a contender that fails here fails on the workloads too, and is reported there
+    torch._dynamo.reset()
+
+
+def run_benchmarks(
+    device: str,
+    chosen: list[Workload],
+    contenders: list[Contender],
+    plan: TimingPlan,
+    profile: str,
+    copy_buffer_bytes: int,
+    progress: bool = True,
+    warm: bool = True,
+    rounds: int = 1,
+) -> Report:
+    info = machine.collect(device)
+    started = time.perf_counter()
+    results: list[Result] = []
+    cache_root = tempfile.mkdtemp(prefix="wrapgen-bench-")
+    runs = sum(len(contenders_for(w, contenders)) for w in chosen) * rounds
+    bar = tqdm(total=runs + 2, disable=not progress, unit="run", file=sys.stderr)
+    try:
+        bar.set_description("warm-up")
+        for contender in contenders if warm else ():
+            warm_up(contender, device, cache_root)
+        bar.update()
+        bar.set_description("copy bandwidth")
+        bandwidth = measure.copy_bandwidth(device, copy_buffer_bytes, plan)
+        bar.update()
+        for workload in chosen:
+            active = contenders_for(workload, contenders)
+            try:
+                model, inputs = workload.build(device, profile)
+                with torch.no_grad():
+                    reference = measure.host_copy(model(*inputs))
+                measure.release(device)  # what eager's reference call left cached is no contender's
+            except Exception as error:
+                for contender in active:
+                    detail = f"building the workload failed: {type(error).__name__}: {error}"
+                    results.append(Result(workload.name, contender.name, "error", detail))
+                    bar.update(rounds)
+                measure.release(device)
+                continue
+            cells: dict[str, list[Result]] = {c.name: [] for c in active}
+            for round_index in range(rounds):
+                for contender in active:
+                    tried = cells[contender.name]
+                    if tried and tried[-1].status != "ok":  # failed once: reported, not retried
+                        bar.update()
+                        continue
+                    bar.set_description(f"{workload.name} / {contender.name}"
+                                        + (f" (round {round_index + 1}/{rounds})" if rounds > 1 else ""))
+                    cells[contender.name].append(
+                        bench_one(workload, contender, model, inputs, reference, device, plan, cache_root))
+                    torch._dynamo.reset()
+                    measure.release(device)
+                    bar.update()
+            results += [combine_rounds(cell, rounds) for cell in cells.values()]
+            del model, inputs, reference
+            gc.collect()
+            measure.release(device)
+    finally:
+        bar.close()
+        shutil.rmtree(cache_root, ignore_errors=True)
+    return Report(
+        info=info,
+        profile=profile,
+        plan={
+            "repeats": plan.repeats,
+            "warmup": plan.warmup,
+            "min_sample_s": plan.min_sample_s,
+            "max_calls": plan.max_calls,
+        },
+        copy_bandwidth=bandwidth,
+        copy_buffer_bytes=copy_buffer_bytes,
+        workloads={w.name: w.size_text(profile) for w in chosen},
+        results=results,
+        elapsed_s=time.perf_counter() - started,
+        rounds=rounds,
+    )
