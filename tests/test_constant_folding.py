@@ -29,9 +29,11 @@ def bias_and_scale(m, x):
 def test_scalar_constants_run_on_every_target(fn, target, dtype):
     x = torch.randn(4, 8, dtype=dtype)
     compiled = wrapgen.compile(fn, (x > 0, x), target=target)
+    # eager rounds each bf16 intermediate (values up to 8 here), the fused kernel only its result
+    tolerance = {"atol": 4 * torch.finfo(dtype).eps, "rtol": 1.6e-2} if dtype == torch.bfloat16 else {}
     for _ in range(3):
         x = torch.randn(4, 8, dtype=dtype)
-        torch.testing.assert_close(compiled(x > 0, x), fn(x > 0, x))
+        torch.testing.assert_close(compiled(x > 0, x), fn(x > 0, x), **tolerance)
 
 
 def test_library_call_constants_become_program_constants():

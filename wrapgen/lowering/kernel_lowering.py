@@ -20,12 +20,14 @@ import torch.fx
 
 from wrapgen.lowering.graph_lowering import Buffer, GraphLowering, _mutated_argument_indices
 from wrapgen.lowering.loop_ir import (
+    HALF_DTYPES,
     Apply,
     ComputeNode,
     Const,
     IndexValue,
     Load,
     LoopValue,
+    compute_dtype,
     loads,
     red_vars,
     row_vars,
@@ -84,6 +86,7 @@ class KernelGraphLowering(GraphLowering):
         self.device = kernel_device(captured.graph_module.graph)
         self.language = language or kernel_language(self.device)
         self.loop_nodes: set[torch.fx.Node] = set()
+        self.static_checks: set[torch.fx.Node] = set()  # metadata asserts that hold at compile time
         self.compute: dict[str, ComputeNode] = {}
         self.stride_symbols: dict[tuple[str, int], sympy.Symbol] = {}
         self.call_symbols: dict[sympy.Expr, sympy.Symbol] = {}
@@ -100,8 +103,11 @@ class KernelGraphLowering(GraphLowering):
         if any(isinstance(n.target, torch._ops.OpOverload) and _mutated_argument_indices(n.target) for n in nodes):
             return  # a deferred (inlined) read could move past a write: keep library calls
         loop = set()
+        self.static_checks = {n for n in nodes if holds_statically(n)}
         for n in nodes:
-            if n.target is operator.getitem:
+            if n in self.static_checks:
+                loop.add(n)  # it reads no data: not a reason to materialize what it checks
+            elif n.target is operator.getitem:
                 if n.args[0] in loop:
                     loop.add(n)
             elif supported(n, self.device.type) and not self._excluded(n):
@@ -132,6 +138,8 @@ class KernelGraphLowering(GraphLowering):
     def _lower_call(self, node: torch.fx.Node) -> object:
         if node not in self.loop_nodes:
             return super()._lower_call(node)
+        if node in self.static_checks:
+            return None
         if node.target is operator.getitem:
             value = self.values[node.args[0]][node.args[1]]
         else:
@@ -219,6 +227,8 @@ class KernelGraphLowering(GraphLowering):
         return Buffer(name, type_, name, sympy.Integer(0), True)
 
     def reduce(self, value: LoopValue, dims: tuple[int, ...], keepdim: bool, kind: str, dtype: torch.dtype, origin: str) -> LoopValue:
+        """`value` reduced over `dims` into a `dtype` result. The result of a half `dtype` is
+        kept in float32 (its own buffer too) and rounded only where the op's output is stored."""
         sizes = value.sizes
         kept = [d for d in range(len(sizes)) if d not in dims]
         rows = tuple(sizes[d] for d in kept)
@@ -227,15 +237,17 @@ class KernelGraphLowering(GraphLowering):
         index = tuple(next(rs) if d in dims else next(xs) for d in range(len(sizes)))
         name = self.fresh()
         strides = contiguous_strides(rows)
-        self.lines.append(Allocate(name, TensorType(dtype, self.device, rows, strides)))
+        stored = compute_dtype(dtype)
+        self.lines.append(Allocate(name, TensorType(stored, self.device, rows, strides)))
         store = _linear(row_vars(len(rows)), strides)
-        acc = value.dtype if kind in ("argmax", "argmin") else accumulator_dtype(kind, dtype)  # best value so far
-        node = ComputeNode(name, dtype, rows, value.at(index), store, kind, reduced, sizes, index, acc, origin)
+        # arg reductions keep the best value so far (in its compute dtype) beside its index
+        acc = compute_dtype(value.body.dtype) if kind in ("argmax", "argmin") else accumulator_dtype(kind, dtype)
+        node = ComputeNode(name, stored, rows, value.at(index), store, kind, reduced, sizes, index, acc, origin)
         self._add_compute(node)
         out_sizes = tuple(sympy.Integer(1) if d in dims else s for d, s in enumerate(sizes)) if keepdim else rows
         out_vars = row_vars(len(out_sizes))
         kept_vars = [out_vars[d] for d in kept] if keepdim else list(out_vars)
-        return LoopValue(out_sizes, Load(name, _linear(tuple(kept_vars), strides), dtype), dtype)
+        return LoopValue(out_sizes, Load(name, _linear(tuple(kept_vars), strides), stored), dtype)
 
     def _add_compute(self, node: ComputeNode) -> None:
         self.compute[node.name] = node
@@ -358,6 +370,23 @@ def _describe(group: FusionGroup) -> str:
 
 
 
+def holds_statically(node: torch.fx.Node) -> bool:
+    """An `_assert_tensor_metadata` (torch.export puts one before each `.to()`) whose checks the
+    traced metadata already proves: the program fixes its buffers' dtypes, devices and layouts
+    and asserts its inputs', so the check needs no call, and a cast inside a fusion (`x.float()
+    ... .to(torch.bfloat16)`) no longer materializes the value it checks."""
+    if node.target is not torch.ops.aten._assert_tensor_metadata.default:
+        return False
+    source = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if not isinstance(source, torch.Tensor):
+        return False
+    names = ("a", "size", "stride", "dtype")
+    given = {**dict(zip(names, node.args)), **node.kwargs}
+    expected = {"size": None, "stride": None, "dtype": source.dtype, "device": source.device, "layout": source.layout}
+    return all(given.get(k) is None or given[k] == v for k, v in expected.items()) and given.get("size") is None \
+        and given.get("stride") is None
+
+
 def kernel_device(graph: torch.fx.Graph) -> torch.device:
     """The device generated kernels run on: that of the graph's first tensor."""
     for node in graph.nodes:
@@ -390,8 +419,11 @@ def kernel_language(device: torch.device) -> str | None:
 
 
 def accumulator_dtype(kind: str, dtype: torch.dtype) -> torch.dtype:
-    """Sums and products of floats accumulate in double (matches eager to float tolerance);
-    integer sums in int64; max/min/any/all in the value's own type."""
+    """Sums and products of float32/64 accumulate in double (matches eager to float tolerance),
+    of half dtypes in float32 (as eager and Inductor do: far below a half result's rounding);
+    integer sums in int64; max/min/any/all in the value's own (compute) type."""
     if kind in ("sum", "prod"):
+        if dtype in HALF_DTYPES:
+            return torch.float32
         return torch.float64 if dtype.is_floating_point else torch.int64
-    return dtype
+    return compute_dtype(dtype)

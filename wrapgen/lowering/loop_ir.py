@@ -5,6 +5,12 @@ A body is built from `Load` (an element of a buffer at a sympy index), `Const`,
 other bodies). Indices are sympy expressions over loop variables (`x0, x1, ...` for the
 kept/pointwise dimensions, `r0, r1, ...` for reduced ones) and the program's size symbols.
 Bodies are frozen and hashable, so equal subexpressions share one temporary in codegen.
+
+Half precision (bfloat16, float16) is a storage type: as in Inductor, a half value is
+computed in float32 (`compute_dtype`) from its loads (which upcast) to its store (which
+rounds). In a body, half-typed nodes are therefore only loads, constants and explicit
+`cast`s to a half dtype (which round, like eager's `.to(torch.bfloat16)`); the arithmetic
+between them is float32, so a fused chain rounds once where eager rounds after every op.
 """
 
 from __future__ import annotations
@@ -15,6 +21,14 @@ import sympy
 import torch
 
 Shape = tuple[sympy.Expr, ...]
+
+HALF_DTYPES = frozenset({torch.bfloat16, torch.float16})
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a body computes values of `dtype` in: float32 for half precision (which has
+    too few bits to round after every op without losing accuracy), else `dtype` itself."""
+    return torch.float32 if dtype in HALF_DTYPES else dtype
 
 
 def loop_var(prefix: str, d: int) -> sympy.Symbol:
@@ -86,6 +100,11 @@ class Apply:
 Body = Load | Const | IndexValue | Apply
 
 
+def free_cast(body: Body) -> bool:
+    """A cast that changes no value held in registers: half → float32 (half is held as float32)."""
+    return isinstance(body, Apply) and body.op == "cast" and body.dtype == torch.float32 and body.args[0].dtype in HALF_DTYPES
+
+
 def substitute(body: Body, mapping: dict) -> Body:
     """Replace loop variables simultaneously in every index of `body`."""
     memo: dict[int, Body] = {}
@@ -140,7 +159,10 @@ def size(body: Body) -> int:
 
 @dataclass(frozen=True)
 class LoopValue:
-    """A tensor not (yet) in memory: `body` gives element (x0, ..., x{n-1}) of a `sizes` tensor."""
+    """A tensor not (yet) in memory: `body` gives element (x0, ..., x{n-1}) of a `sizes` tensor.
+
+    `dtype` is the tensor's dtype; `body.dtype` is that or, for a half dtype, float32 when the
+    value is still held unrounded (it is rounded where it is stored or cast)."""
 
     sizes: Shape
     body: Body
@@ -159,7 +181,8 @@ class ComputeNode:
     (variables r*; empty for pointwise). `body` is over both; `store_index` (over x*) is
     where the result goes in `name`'s buffer. For a reduction, `source_sizes` is the shape
     that was reduced and `source_index` maps each of its dimensions to an x or r variable, so
-    a pointwise producer of that shape can run inside the reduction loop.
+    a pointwise producer of that shape can run inside the reduction loop. `dtype` is the
+    buffer's; a half-precision buffer's body is float32 (see `compute_dtype`), rounded on store.
     """
 
     name: str

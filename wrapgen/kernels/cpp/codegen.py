@@ -9,6 +9,9 @@ Layout of the generated function:
 
 Reductions of float data accumulate in double (see `accumulator_dtype`); max/min carry a
 separate NaN flag so they propagate NaN like eager yet still vectorize.
+
+bfloat16 / float16 buffers are uint16_t; every value of a half dtype is a float local (loads
+widen, `cast` to a half dtype and stores round, through the prelude's conversions).
 """
 
 from __future__ import annotations
@@ -22,7 +25,18 @@ import torch
 from wrapgen.kernels.cpp.printer import cpp_index
 from wrapgen.kernels.cpp.row_cache import plan_row_cache
 from wrapgen.kernels.segments import in_place_pairs, read_in_later_segment, segments
-from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, Load, is_loop_var, red_vars, row_vars
+from wrapgen.lowering.loop_ir import (
+    Apply,
+    Body,
+    Const,
+    IndexValue,
+    Load,
+    compute_dtype,
+    free_cast,
+    is_loop_var,
+    red_vars,
+    row_vars,
+)
 from wrapgen.lowering.scheduler import FusionGroup, Member
 
 PARALLEL_THRESHOLD = 32768
@@ -31,6 +45,26 @@ CTYPES = {
     torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
     torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
 }
+# half dtypes: the element type of their buffers, and the prelude's name for their conversions
+STORAGE_CTYPES = {**CTYPES, torch.bfloat16: "uint16_t", torch.float16: "uint16_t"}
+_HALF = {torch.bfloat16: "bf16", torch.float16: "half"}
+
+
+def ctype(dtype: torch.dtype) -> str:
+    """The C++ type of a local of `dtype`: its compute type (float for half dtypes)."""
+    return CTYPES[compute_dtype(dtype)]
+
+
+def widen(text: str, dtype: torch.dtype) -> str:
+    """An element read from a `dtype` buffer, as a value of its compute type."""
+    return f"wg_{_HALF[dtype]}_to_float({text})" if dtype in _HALF else text
+
+
+def narrow(text: str, value_dtype: torch.dtype, dtype: torch.dtype) -> str:
+    """A `value_dtype` value as an element of a `dtype` buffer (half dtypes round to nearest even)."""
+    if dtype in _HALF:
+        return f"wg_float_to_{_HALF[dtype]}({text if value_dtype == torch.float32 else f'static_cast<float>({text})'})"
+    return text
 
 
 @dataclass(frozen=True)
@@ -49,10 +83,11 @@ class GeneratedKernel:
 
 
 def _fn(name: str, dtype: torch.dtype) -> str:
-    return f"{name}f" if dtype == torch.float32 else name
+    return f"{name}f" if compute_dtype(dtype) == torch.float32 else name
 
 
 def _literal(value: object, dtype: torch.dtype) -> str:
+    dtype = compute_dtype(dtype)
     t = CTYPES[dtype]
     if dtype == torch.bool:
         return "true" if value else "false"
@@ -70,7 +105,7 @@ def _literal(value: object, dtype: torch.dtype) -> str:
 
 def render_op(op: str, args: list[str], arg_dtypes: list[torch.dtype], dtype: torch.dtype) -> str:
     """C++ for one op; arguments are variable names or literals of the right type."""
-    t = CTYPES[dtype]
+    t = ctype(dtype)
     a = args[0] if args else ""
     b = args[1] if len(args) > 1 else ""
     floating = dtype.is_floating_point
@@ -85,6 +120,8 @@ def render_op(op: str, args: list[str], arg_dtypes: list[torch.dtype], dtype: to
         "clamp_max": f"std::min<{t}>({a}, {b})", "relu": f"std::max<{t}>({a}, {t}(0))",
         "isnan": f"{a} != {a}",
     }
+    if op == "cast" and dtype in _HALF:  # a float held to a half dtype's precision
+        return f"wg_round_{_HALF[dtype]}({a if arg_dtypes[0] == torch.float32 else f'static_cast<float>({a})'})"
     if op in simple:
         return simple[op]
     if op == "bitwise_not":
@@ -201,25 +238,28 @@ class CppKernelCodegen:
         cached = self.row_cache.get(body)
         if cached is not None and cached.producer < self.current_item:
             name = self.tmp()
-            w.line(f"const {CTYPES[body.dtype]} {name} = {cached.array}[{self.index(_flat_reduced_index(self.group))}];")
+            w.line(f"const {ctype(body.dtype)} {name} = {cached.array}[{self.index(_flat_reduced_index(self.group))}];")
             memo[body] = name
             return name
         if isinstance(body, Const):
             return _literal(body.value, body.dtype)
         if isinstance(body, IndexValue):
-            text = f"static_cast<{CTYPES[body.dtype]}>({self.index(body.expr)})"
+            text = f"static_cast<{ctype(body.dtype)}>({self.index(body.expr)})"
         elif isinstance(body, Load) and body.indirect:
-            text = f"{self.param(body.buffer, False)}[{self.index(self._gather_index(body, memo, local, w))}]"
+            text = widen(f"{self.param(body.buffer, False)}[{self.index(self._gather_index(body, memo, local, w))}]", body.dtype)
         elif isinstance(body, Load):
             if body.buffer in local:
                 return local[body.buffer]
-            text = f"{self.param(body.buffer, False)}[{self.index(body.index)}]"
+            text = widen(f"{self.param(body.buffer, False)}[{self.index(body.index)}]", body.dtype)
         else:
             assert isinstance(body, Apply)
             args = [self.value(a, memo, local, w) for a in body.args]
+            if free_cast(body):
+                memo[body] = args[0]
+                return args[0]
             text = render_op(body.op, args, [a.dtype for a in body.args], body.dtype)
         name = self.tmp()
-        w.line(f"const {CTYPES[body.dtype]} {name} = {text};")
+        w.line(f"const {ctype(body.dtype)} {name} = {text};")
         if cached is not None and cached.producer == self.current_item:
             w.line(f"{cached.array}[{self.index(_flat_reduced_index(self.group))}] = {name};")
         memo[body] = name
@@ -242,7 +282,9 @@ class CppKernelCodegen:
 
     def store(self, member: Member, var: str, w: _Writer) -> None:
         if member.node.name in self.stored:
-            w.line(f"{self.param(member.node.name, True)}[{self.index(member.node.store_index)}] = {var};")
+            node = member.node
+            value_dtype = compute_dtype(node.dtype if node.reduction else node.body.dtype)
+            w.line(f"{self.param(node.name, True)}[{self.index(node.store_index)}] = {narrow(var, value_dtype, node.dtype)};")
 
     # -- emission --------------------------------------------------------------------------
     def generate(self) -> GeneratedKernel:
@@ -266,7 +308,7 @@ class CppKernelCodegen:
             body.line("{")
             body.depth += 1
         for cached in self.row_cache.values():
-            body.line(f"alignas(64) {CTYPES[cached.body.dtype]} {cached.array}[{self.size(sympy.Mul(*g.reduced))}];")
+            body.line(f"alignas(64) {ctype(cached.body.dtype)} {cached.array}[{self.size(sympy.Mul(*g.reduced))}];")
         for item, (kind, ms) in enumerate(self.items):
             self.current_item = item
             if kind == "row":
@@ -294,7 +336,7 @@ class CppKernelCodegen:
         results = {}
         for m in reductions:
             results[m.node.name] = f"red{self.tmp()}"
-            w.line(f"{CTYPES[m.node.dtype]} {results[m.node.name]};")
+            w.line(f"{ctype(m.node.dtype)} {results[m.node.name]};")
         w.line("{")
         w.depth += 1
         accs: dict[str, tuple[str, str | None]] = {}
@@ -302,7 +344,7 @@ class CppKernelCodegen:
         for m in reductions:
             if m.node.reduction in ARG_REDUCTIONS:
                 acc, best = self.tmp(), self.tmp()
-                w.line(f"{CTYPES[m.node.acc_dtype]} {acc} = {_extreme(m.node.acc_dtype, m.node.reduction[3:])};")
+                w.line(f"{ctype(m.node.acc_dtype)} {acc} = {_extreme(m.node.acc_dtype, m.node.reduction[3:])};")
                 w.line(f"int64_t {best} = 0;")
                 accs[m.node.name] = (acc, best)
                 continue
@@ -314,7 +356,7 @@ class CppKernelCodegen:
                     nan = self.tmp()
                     w.line(f"int {nan} = 0;")
                     clauses.append(f"reduction(|:{nan})")
-            w.line(f"{CTYPES[m.node.acc_dtype]} {acc} = {init};")
+            w.line(f"{ctype(m.node.acc_dtype)} {acc} = {init};")
             clauses.append(f"reduction({op}:{acc})")
             accs[m.node.name] = (acc, nan)
         rs = red_vars(len(self.group.reduced))
@@ -338,7 +380,7 @@ class CppKernelCodegen:
                     better = f"{better} || ({var} != {var} && {acc} == {acc})"
                 w.line(f"if ({better}) {{ {acc} = {var}; {nan} = {self.index(_flat_reduced_index(self.group))}; }}")
                 continue
-            w.line(_REDUCE[m.node.reduction][1].format(acc=acc, v=var, A=CTYPES[m.node.acc_dtype]))
+            w.line(_REDUCE[m.node.reduction][1].format(acc=acc, v=var, A=ctype(m.node.acc_dtype)))
             if nan is not None:
                 w.line(f"{nan} |= ({var} != {var});")
         for _ in rs:
@@ -346,7 +388,7 @@ class CppKernelCodegen:
             w.line("}")
         for m in reductions:
             acc, nan = accs[m.node.name]
-            t = CTYPES[m.node.dtype]
+            t = ctype(m.node.dtype)
             if m.node.reduction in ARG_REDUCTIONS:
                 w.line(f"{results[m.node.name]} = {nan};")
                 continue
@@ -366,12 +408,12 @@ class CppKernelCodegen:
         aliased = {name for pair in may_alias for name in pair}
         params = []
         for t in tensors:
-            ctype = CTYPES[self.dtypes[t]]
+            element = STORAGE_CTYPES[self.dtypes[t]]
             restrict = "" if t in aliased else " __restrict__"  # buffers that may share storage are not restrict
             if t in self.written:
-                params.append(f"{ctype}*{restrict} {self.params[t]}")
+                params.append(f"{element}*{restrict} {self.params[t]}")
             else:
-                params.append(f"const {ctype}*{restrict} {self.params[t]}")
+                params.append(f"const {element}*{restrict} {self.params[t]}")
         symbols = sorted(self.symbols, key=str)
         params += [f"int64_t {s}" for s in symbols]
         host = list(self.host)
@@ -407,6 +449,7 @@ def _flat_reduced_index(group: FusionGroup) -> sympy.Expr:
 
 
 def _extreme(dtype: torch.dtype, kind: str) -> str:
+    dtype = compute_dtype(dtype)
     t = CTYPES[dtype]
     if dtype == torch.bool:
         return "false" if kind == "max" else "true"

@@ -1,5 +1,12 @@
-"""The C++ prelude every kernel translation unit starts with: includes, index helpers, and
-SIMD declarations of libm functions so loops calling them vectorize (glibc's libmvec)."""
+"""The C++ prelude every kernel translation unit starts with: includes, index helpers, SIMD
+declarations of libm functions so loops calling them vectorize (glibc's libmvec), and the
+half-precision conversions.
+
+bfloat16 and float16 are stored as uint16_t and computed in float: loads widen, stores and
+casts round to nearest even, NaN stays NaN (c10's conversions, bit for bit). They are written
+with integer and float arithmetic on the bits rather than with `_Float16` / `__bf16`, which
+g++ 12 cannot vectorize on x86 without AVX512-FP16: these loops vectorize like float ones.
+"""
 
 from __future__ import annotations
 
@@ -21,10 +28,44 @@ def _declarations() -> str:
     return "\n".join(lines)
 
 
+HALF_CONVERSIONS = """
+static inline float wg_bits_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline uint32_t wg_float_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+// bfloat16: the top half of a float's bits, rounded to nearest even (c10::BFloat16)
+static inline float wg_bf16_to_float(uint16_t b) { return wg_bits_float(uint32_t(b) << 16); }
+static inline uint32_t wg_bf16_rounded_bits(float f) {
+  const uint32_t u = wg_float_bits(f);
+  return u + UINT32_C(0x7FFF) + ((u >> 16) & 1u);
+}
+static inline uint16_t wg_float_to_bf16(float f) { return f != f ? uint16_t(0x7FC0) : uint16_t(wg_bf16_rounded_bits(f) >> 16); }
+static inline float wg_round_bf16(float f) { return f != f ? f : wg_bits_float(wg_bf16_rounded_bits(f) & UINT32_C(0xFFFF0000)); }
+// float16 (IEEE binary16), as c10::Half converts without F16C: branch-free, so it vectorizes
+static inline float wg_half_to_float(uint16_t h) {
+  const uint32_t w = uint32_t(h) << 16;
+  const uint32_t two_w = w + w;
+  const float normalized = wg_bits_float((two_w >> 4) + (UINT32_C(0xE0) << 23)) * 0x1.0p-112f;
+  const float denormalized = wg_bits_float((two_w >> 17) | (UINT32_C(126) << 23)) - 0.5f;
+  const uint32_t magnitude = two_w < (UINT32_C(1) << 27) ? wg_float_bits(denormalized) : wg_float_bits(normalized);
+  return wg_bits_float((w & UINT32_C(0x80000000)) | magnitude);
+}
+static inline uint16_t wg_float_to_half(float f) {
+  const uint32_t w = wg_float_bits(f);
+  const uint32_t shl1_w = w + w;
+  uint32_t bias = shl1_w & UINT32_C(0xFF000000);
+  bias = bias < UINT32_C(0x71000000) ? UINT32_C(0x71000000) : bias;
+  const float base = wg_bits_float((bias >> 1) + UINT32_C(0x07800000)) + (std::fabs(f) * 0x1.0p+112f) * 0x1.0p-110f;
+  const uint32_t bits = wg_float_bits(base);
+  const uint32_t nonsign = ((bits >> 13) & UINT32_C(0x00007C00)) + (bits & UINT32_C(0x00000FFF));
+  return uint16_t(((w & UINT32_C(0x80000000)) >> 16) | (shl1_w > UINT32_C(0xFF000000) ? UINT32_C(0x7E00) : nonsign));
+}
+static inline float wg_round_half(float f) { return wg_half_to_float(wg_float_to_half(f)); }
+"""
+
 PRELUDE = f"""// wrapgen C++ kernel prelude
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #if defined(WG_MVEC) && defined(__x86_64__)
 extern "C" {{
@@ -42,4 +83,4 @@ static inline int64_t wg_mod(int64_t a, int64_t b) {{
 }}
 template <typename T> static inline T wg_maximum(T a, T b) {{ return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }}
 template <typename T> static inline T wg_minimum(T a, T b) {{ return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }}
-"""
+{HALF_CONVERSIONS}"""

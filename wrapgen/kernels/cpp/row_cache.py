@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from wrapgen.lowering.loop_ir import Apply, Body, IndexValue, Load, is_loop_var, walk
+from wrapgen.lowering.loop_ir import Apply, Body, IndexValue, Load, compute_dtype, is_loop_var, walk
 
 ROW_CACHE_BYTES = 64 * 1024  # per thread, on the stack; fits L2 comfortably
 
@@ -50,7 +50,7 @@ def plan_row_cache(passes: dict[int, list[Body]], row_extent: sympy.Expr) -> dic
         bodies = passes[index]
         for body in bodies:
             for node in _outermost(body, computed_before, chosen):
-                cost = extent * node.dtype.itemsize
+                cost = extent * compute_dtype(node.dtype).itemsize  # kept as computed: half as float
                 if cost <= budget:
                     budget -= cost
                     chosen[node] = CachedValue(node, computed_before[node], f"wg_row{len(chosen)}")

@@ -27,10 +27,22 @@ from torch.utils._sympy.functions import CeilDiv
 from wrapgen.kernels.cpp.codegen import GeneratedKernel
 from wrapgen.kernels.segments import in_place_pairs, segments
 from wrapgen.kernels.triton.launch_config import LaunchConfig, choose_config
-from wrapgen.kernels.triton.ops import ARG_REDUCTIONS, TL, OpRenderer, SourceWriter, literal
+from wrapgen.kernels.triton.ops import ARG_REDUCTIONS, OpRenderer, SourceWriter, compute_tl, literal
 from wrapgen.kernels.triton.printer import triton_index
 from wrapgen.kernels.triton.reductions import ReductionRenderer
-from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, Load, is_loop_var, loads, red_vars, row_vars
+from wrapgen.lowering.loop_ir import (
+    HALF_DTYPES,
+    Apply,
+    Body,
+    Const,
+    IndexValue,
+    Load,
+    free_cast,
+    is_loop_var,
+    loads,
+    red_vars,
+    row_vars,
+)
 from wrapgen.lowering.scheduler import FusionGroup, Member
 
 INT32_LIMIT = 2**31 - 1
@@ -178,17 +190,15 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
             return memo[body]
         axes: frozenset[str] = frozenset()
         if isinstance(body, Const):
-            text = f"tl.full([], {literal(body.value, body.dtype)}, {TL[body.dtype]})"
+            text = f"tl.full([], {literal(body.value, body.dtype)}, {compute_tl(body.dtype)})"
         elif isinstance(body, IndexValue):
             index = self.index(body.expr)
             axes = self.axes(body.expr)
-            text = f"({index}).to({TL[body.dtype]})" if axes else f"tl.full([], {index}, {TL[body.dtype]})"
+            text = f"({index}).to({compute_tl(body.dtype)})" if axes else f"tl.full([], {index}, {compute_tl(body.dtype)})"
         elif isinstance(body, Load) and body.indirect:
             index = self._gather_index(body, memo, local, w, recompute)
             axes, mask = self.axes(index), self.mask(index)
-            text = f"tl.load({self.param(body.buffer, False)} + ({self.index(index)}){', ' + mask if mask else ''})"
-            if body.dtype == torch.bool:
-                text += ".to(tl.int1)"
+            text = self.widen(f"tl.load({self.param(body.buffer, False)} + ({self.index(index)}){', ' + mask if mask else ''})", body.dtype)
         elif isinstance(body, Load):
             if body.buffer in local:
                 return local[body.buffer]
@@ -197,12 +207,13 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
             ptr = self.param(body.buffer, False)
             axes = self.axes(body.index)
             mask = self.mask(body.index)
-            text = f"tl.load({ptr} + ({self.index(body.index)}){', ' + mask if mask else ''})"
-            if body.dtype == torch.bool:
-                text += ".to(tl.int1)"
+            text = self.widen(f"tl.load({ptr} + ({self.index(body.index)}){', ' + mask if mask else ''})", body.dtype)
         else:
             assert isinstance(body, Apply)
             args = [self.value(a, memo, local, w, recompute) for a in body.args]
+            if free_cast(body):
+                memo[body] = args[0]
+                return args[0]
             axes = frozenset().union(*(self.var_axes.get(a, frozenset()) for a in args))
             text = self.render(body.op, args, [a.dtype for a in body.args], body.dtype)
         name = self.tmp()
@@ -238,7 +249,7 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
         is broadcast: reductions and stores need the whole shape)."""
         if self.var_axes.get(var, frozenset()) >= self.level_axes(level):
             return var
-        return f"({var} + tl.zeros({self._shape(level)}, {TL[dtype]}))"
+        return f"({var} + tl.zeros({self._shape(level)}, {compute_tl(dtype)}))"
 
     def _shape(self, level: str) -> str:
         if not self.reduction:
@@ -251,7 +262,10 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
         ptr = self.param(member.node.name, True)
         index = self._flatten(sympy.expand(sympy.sympify(member.node.store_index)))
         level = "row" if member.level == "reduction" else member.level
-        value = self._block(var, member.node.body.dtype, level)
+        value_dtype = member.node.dtype if member.node.reduction else member.node.body.dtype
+        value = self._block(var, value_dtype, level)
+        if member.node.dtype in HALF_DTYPES:
+            value = self.to_storage(value, member.node.dtype)
         offset = self.index(member.node.store_index)
         if not self.axes(index) >= self.level_axes(level):
             # fewer axes than the block (a 0-dim result, or rows folded to one): every lane
@@ -324,7 +338,7 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
         best_index: dict[str, str] = {}
         for m in reductions:
             accs[m.node.name] = self.tmp()
-            w.line(f"{accs[m.node.name]} = tl.full([XBLOCK, RBLOCK], {self._identity_literal(m)}, {TL[self._acc_dtype(m)]})")
+            w.line(f"{accs[m.node.name]} = tl.full([XBLOCK, RBLOCK], {self._identity_literal(m)}, {compute_tl(self._acc_dtype(m))})")
             if m.node.reduction in ARG_REDUCTIONS:
                 # index 0 with the identity value: it can only win when every element equals the identity
                 best_index[m.node.name] = self.tmp()

@@ -3,6 +3,11 @@
 On the GPU, math that Triton's core lacks comes from libdevice; Triton's CPU interpreter
 cannot call libdevice, so there the same ops are written with core math (see
 INTERPRETER_MATH), and the few with no such form stay library calls (INTERPRETER_UNSUPPORTED).
+
+bfloat16 / float16 values are float32 blocks (loads upcast; casts to a half dtype and stores
+round). Triton's interpreter (numpy has no bfloat16) rounds float32 to bfloat16 toward zero and
+flushes bfloat16 subnormals when it widens them, so there both conversions are written out on
+the bits (`_wg_to_bf16`, `_wg_from_bf16`, `_wg_round_bf16`), as the GPU does them.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+
+from wrapgen.lowering.loop_ir import HALF_DTYPES, compute_dtype
 
 
 @dataclass
@@ -27,12 +34,29 @@ class SourceWriter:
 TL = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
     torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+    torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16",
 }
+
+
+def compute_tl(dtype: torch.dtype) -> str:
+    """The Triton type a block of `dtype` values is computed in (float32 for half dtypes)."""
+    return TL[compute_dtype(dtype)]
+
 
 HELPERS = {
     "_wg_maximum": "def _wg_maximum(a, b):\n    return tl.where((a > b) | (a != a), a, b)\n",
     "_wg_minimum": "def _wg_minimum(a, b):\n    return tl.where((a < b) | (a != a), a, b)\n",
     "_wg_prod": "def _wg_prod(a, b):\n    return a * b\n",
+    # float32 <-> bfloat16 for the interpreter: round to nearest even, NaN kept, subnormals exact
+    "_wg_round_bf16_bits": "def _wg_round_bf16_bits(x):\n"
+                           "    bits = x.to(tl.uint32, bitcast=True)\n"
+                           "    return tl.where(x != x, 0x7FC00000, (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000)\n",
+    "_wg_to_bf16": "def _wg_to_bf16(x):\n"
+                   "    return (_wg_round_bf16_bits(x) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)\n",
+    "_wg_round_bf16": "def _wg_round_bf16(x):\n"
+                      "    return _wg_round_bf16_bits(x).to(tl.float32, bitcast=True)\n",
+    "_wg_from_bf16": "def _wg_from_bf16(x):\n"
+                     "    return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)\n",
     # (value, index) pairs: the larger (smaller) value wins, NaN beats numbers, ties go to the first index
     "_wg_argmax": "def _wg_argmax(a, ai, b, bi):\n"
                   "    take = (b > a) | ((b != b) & (a == a)) | (((b == a) | ((b != b) & (a != a))) & (bi < ai))\n"
@@ -80,7 +104,7 @@ class OpRenderer:
     libdevice: bool
 
     def render(self, op: str, args: list[str], arg_dtypes: list[torch.dtype], dtype: torch.dtype) -> str:
-        t = TL[dtype]
+        t = compute_tl(dtype)
         a = args[0] if args else ""
         b = args[1] if len(args) > 1 else ""
         floating = dtype.is_floating_point
@@ -96,6 +120,12 @@ class OpRenderer:
         }
         if op in simple:
             return simple[op]
+        if op == "cast" and dtype in HALF_DTYPES:  # a float32 held to a half dtype's precision
+            x = a if arg_dtypes[0] == torch.float32 else f"{a}.to(tl.float32)"
+            if dtype == torch.bfloat16 and self.interpreted:
+                self.helpers |= {"_wg_round_bf16", "_wg_round_bf16_bits"}
+                return f"_wg_round_bf16({x})"
+            return f"{x}.to({TL[dtype]}).to(tl.float32)"
         if op == "cast":
             return f"({a} != 0)" if dtype == torch.bool else f"{a}.to({t})"
         if op in ("maximum", "minimum"):
@@ -133,6 +163,24 @@ class OpRenderer:
         if op in _LIBDEVICE:
             return self.math(op, a)
         raise NotImplementedError(f"no Triton rendering for op {op!r}")
+
+    def to_storage(self, x: str, dtype: torch.dtype) -> str:
+        """A block of `dtype`'s compute type as `dtype` (half dtypes round to nearest even)."""
+        if dtype == torch.bfloat16 and self.interpreted:
+            self.helpers |= {"_wg_to_bf16", "_wg_round_bf16_bits"}
+            return f"_wg_to_bf16({x})"
+        return f"{x}.to({TL[dtype]})"
+
+    def widen(self, load: str, dtype: torch.dtype) -> str:
+        """A block loaded from a `dtype` buffer in its compute type (bool as int1, half as float32)."""
+        if dtype == torch.bool:
+            return f"{load}.to(tl.int1)"
+        if dtype == torch.bfloat16 and self.interpreted:
+            self.helpers.add("_wg_from_bf16")
+            return f"_wg_from_bf16({load})"
+        if dtype in HALF_DTYPES:
+            return f"{load}.to(tl.float32)"
+        return load
 
     def math(self, fn: str, x: str) -> str:
         """A libdevice function on the GPU; a core-math helper in Triton's CPU interpreter."""

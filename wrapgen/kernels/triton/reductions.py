@@ -11,7 +11,8 @@ import math
 
 import torch
 
-from wrapgen.kernels.triton.ops import ARG_REDUCTIONS, TL, SourceWriter, literal
+from wrapgen.kernels.triton.ops import ARG_REDUCTIONS, SourceWriter, compute_tl, literal
+from wrapgen.lowering.loop_ir import compute_dtype
 from wrapgen.lowering.scheduler import Member
 
 
@@ -23,8 +24,8 @@ class ReductionRenderer:
             text = f"tl.zeros_like({var}).to(tl.int64)"
         elif kind in ("any", "all"):
             text = f"({var} != 0)"
-        elif m.node.body.dtype != m.node.dtype:
-            text = f"{var}.to({TL[m.node.dtype]})"
+        elif compute_dtype(m.node.body.dtype) != compute_dtype(m.node.dtype):
+            text = f"{var}.to({compute_tl(m.node.dtype)})"
         else:
             return var
         name = self.tmp()
@@ -38,24 +39,26 @@ class ReductionRenderer:
         v = self._block(var, m.node.body.dtype, "inner")
         if m.node.reduction in ("any", "all"):
             v = f"({v} != 0).to(tl.int8)"
-        elif m.node.body.dtype != acc_t:
-            v = f"{v}.to({TL[acc_t]})"
+        elif compute_dtype(m.node.body.dtype) != acc_t:
+            v = f"{v}.to({compute_tl(acc_t)})"
         if level_mask and self.needs_rmask:
             v = f"tl.where(rmask, {v}, {self._identity(m)})"
         return v
 
     def _acc_dtype(self, m: Member) -> torch.dtype:
+        """Float sums accumulate in their own type (float32 for half data, whose reductions
+        have float32 results); integer sums in int64; max/min in the values' compute type."""
         kind, dtype = m.node.reduction, m.node.dtype
         if kind in ARG_REDUCTIONS:
-            return m.node.body.dtype  # the best value so far; its index is tracked beside it
+            return compute_dtype(m.node.body.dtype)  # the best value so far; its index is tracked beside it
         if kind in ("any", "all"):
             return torch.int8
         if kind in ("sum", "prod"):
-            return dtype if dtype.is_floating_point else torch.int64
-        return m.node.body.dtype
+            return compute_dtype(dtype) if dtype.is_floating_point else torch.int64
+        return compute_dtype(m.node.body.dtype)
 
     def _identity(self, m: Member) -> str:
-        return f"tl.full([], {self._identity_literal(m)}, {TL[self._acc_dtype(m)]})"
+        return f"tl.full([], {self._identity_literal(m)}, {compute_tl(self._acc_dtype(m))})"
 
     def _identity_literal(self, m: Member) -> str:
         acc = self._acc_dtype(m)
@@ -102,8 +105,8 @@ class ReductionRenderer:
     def _finalize(self, m: Member, reduced: str) -> str:
         if m.node.reduction in ("any", "all"):
             return f"({reduced} != 0)"
-        if self._acc_dtype(m) != m.node.dtype:
-            return f"{reduced}.to({TL[m.node.dtype]})"
+        if self._acc_dtype(m) != compute_dtype(m.node.dtype):
+            return f"{reduced}.to({compute_tl(m.node.dtype)})"
         return reduced
 
     def _arg_reduce(self, m: Member, values: str, indices: str) -> str:

@@ -10,11 +10,12 @@ import sympy
 import torch
 import torch.fx
 
-from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, LoopValue, row_vars
+from wrapgen.lowering.loop_ir import HALF_DTYPES, Apply, Body, Const, IndexValue, LoopValue, compute_dtype, row_vars
 
+# Half precision loads, stores and casts; its arithmetic is float32 (loop_ir.compute_dtype).
 SUPPORTED_DTYPES = frozenset(
     {torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}
-)
+) | HALF_DTYPES
 
 
 class LoopContext(Protocol):
@@ -97,6 +98,7 @@ def out_fake(node: torch.fx.Node) -> torch.Tensor:
 
 
 def cast(body: Body, dtype: torch.dtype) -> Body:
+    """`body` converted to `dtype`; a cast to a half dtype rounds (an fp32 value to fp32 does not)."""
     if body.dtype == dtype:
         return body
     if isinstance(body, Const):
@@ -105,8 +107,12 @@ def cast(body: Body, dtype: torch.dtype) -> Body:
 
 
 def convert_scalar(value: object, dtype: torch.dtype) -> object:
+    """A Python number as an element of a `dtype` tensor holds it (rounded for half dtypes)."""
     if dtype == torch.bool:
         return bool(value)
+    if dtype in HALF_DTYPES:
+        # through float32, as c10 converts a double to bfloat16 / half
+        return float(torch.tensor(float(value), dtype=torch.float32).to(dtype))
     if dtype.is_floating_point:
         return float(value)
     return int(value)
@@ -124,12 +130,24 @@ def broadcast(value: LoopValue, sizes: tuple[sympy.Expr, ...]) -> Body:
 
 
 def operand(ctx: LoopContext, x: object, sizes: tuple, dtype: torch.dtype) -> Body:
-    """An argument (tensor node, number or size expression) as a body of `dtype` at the output index."""
+    """An argument (tensor node, number or size expression) as a body of `dtype` at the output index.
+
+    Arithmetic passes its compute dtype (`compute_dtype`): a number then keeps float32
+    precision in a half op, as in Inductor and eager's mul and div (eager's add rounds it)."""
     if isinstance(x, torch.fx.Node):
         return cast(broadcast(ctx.value(x), sizes), dtype)
     if isinstance(x, sympy.Basic):
         return cast(IndexValue(x, torch.int64), dtype)
     return Const(convert_scalar(x, dtype), dtype)
+
+
+def element_operand(ctx: LoopContext, x: object, sizes: tuple, dtype: torch.dtype) -> Body:
+    """An argument that becomes an element of a `dtype` tensor (where, clamp bounds, fill
+    values, comparisons), in `dtype`'s compute type: a number is rounded to `dtype` first, as
+    eager converts it; a tensor's value is taken as computed."""
+    if isinstance(x, torch.fx.Node):
+        return operand(ctx, x, sizes, compute_dtype(dtype))
+    return cast(operand(ctx, x, sizes, dtype), compute_dtype(dtype))
 
 
 def _scalar_ok(x: object) -> bool:

@@ -1,12 +1,15 @@
 """Pointwise ops as loop bodies: arithmetic, comparisons, unary math, where/clamp, casts and
-constants, and the activations with Scalar parameters (gelu, elu, leaky_relu, hardtanh)."""
+constants, and the activations with Scalar parameters (gelu, elu, leaky_relu, hardtanh).
+
+Each computes in its output's `compute_dtype` (float32 for half precision) and returns a
+value labelled with the output's dtype; only `_to_copy` to a half dtype rounds mid-body."""
 
 from __future__ import annotations
 
 import torch
 import torch.fx
 
-from wrapgen.lowering.loop_ir import Apply, Const, IndexValue, LoopValue, row_vars
+from wrapgen.lowering.loop_ir import Apply, Const, IndexValue, LoopValue, compute_dtype, row_vars
 from wrapgen.lowering.loop_ops.common import (
     LoopContext,
     Lowering,
@@ -15,6 +18,7 @@ from wrapgen.lowering.loop_ops.common import (
     broadcast,
     cast,
     convert_scalar,
+    element_operand,
     fake,
     operand,
     out_fake,
@@ -54,7 +58,7 @@ def _binary_check(node: torch.fx.Node) -> bool:
 def _binary(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     out = out_fake(node)
     sizes = ctx.shape(out.shape)
-    dtype = out.dtype
+    dtype = compute_dtype(out.dtype)
     name = _BINARY[node.target._schema.name]
     a = operand(ctx, node.args[0], sizes, dtype)
     b = operand(ctx, node.args[1], sizes, dtype)
@@ -64,18 +68,18 @@ def _binary(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     if name == "rsub":
         a, b, name = b, a, "sub"
     if name == "pow" and isinstance(b, Const) and b.value in (2, 2.0):
-        return LoopValue(sizes, Apply("mul", (a, a), dtype), dtype)
+        return LoopValue(sizes, Apply("mul", (a, a), dtype), out.dtype)
     if name == "pow" and isinstance(b, Const) and b.value in (0.5,):
-        return LoopValue(sizes, Apply("sqrt", (a,), dtype), dtype)
-    return LoopValue(sizes, Apply(name, (a, b), dtype), dtype)
+        return LoopValue(sizes, Apply("sqrt", (a,), dtype), out.dtype)
+    return LoopValue(sizes, Apply(name, (a, b), dtype), out.dtype)
 
 
 def _compare(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     out = out_fake(node)
     sizes = ctx.shape(out.shape)
     x, y = node.args[0], node.args[1]
-    compute = torch.result_type(fake(x), fake(y) if isinstance(y, torch.fx.Node) else y)
-    a, b = operand(ctx, x, sizes, compute), operand(ctx, y, sizes, compute)
+    common = torch.result_type(fake(x), fake(y) if isinstance(y, torch.fx.Node) else y)
+    a, b = element_operand(ctx, x, sizes, common), element_operand(ctx, y, sizes, common)
     return LoopValue(sizes, Apply(_COMPARE[node.target._schema.name], (a, b), torch.bool), torch.bool)
 
 
@@ -97,8 +101,8 @@ def _logical_not(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
 def _unary(op: str) -> Lowering:
     def lower(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
         out = out_fake(node)
-        sizes = ctx.shape(out.shape)
-        return LoopValue(sizes, Apply(op, (operand(ctx, node.args[0], sizes, out.dtype),), out.dtype), out.dtype)
+        sizes, dtype = ctx.shape(out.shape), compute_dtype(out.dtype)
+        return LoopValue(sizes, Apply(op, (operand(ctx, node.args[0], sizes, dtype),), dtype), out.dtype)
 
     return lower
 
@@ -139,8 +143,8 @@ def _where(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     out = out_fake(node)
     sizes = ctx.shape(out.shape)
     cond = operand(ctx, node.args[0], sizes, torch.bool)
-    a, b = operand(ctx, node.args[1], sizes, out.dtype), operand(ctx, node.args[2], sizes, out.dtype)
-    return LoopValue(sizes, Apply("where", (cond, a, b), out.dtype), out.dtype)
+    a, b = element_operand(ctx, node.args[1], sizes, out.dtype), element_operand(ctx, node.args[2], sizes, out.dtype)
+    return LoopValue(sizes, Apply("where", (cond, a, b), compute_dtype(out.dtype)), out.dtype)
 
 
 def _clamp_check(node: torch.fx.Node) -> bool:
@@ -152,14 +156,15 @@ def _clamp_check(node: torch.fx.Node) -> bool:
 def _clamp(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     out = out_fake(node)
     sizes = ctx.shape(out.shape)
-    body = operand(ctx, node.args[0], sizes, out.dtype)
+    dtype = compute_dtype(out.dtype)
+    body = operand(ctx, node.args[0], sizes, dtype)
     name = node.target._schema.name
     low = arg(node, 1, "min") if name != "aten::clamp_max" else None
     high = arg(node, 2, "max") if name == "aten::clamp" else (arg(node, 1, "max") if name == "aten::clamp_max" else None)
     if low is not None:
-        body = Apply("clamp_min", (body, operand(ctx, low, sizes, out.dtype)), out.dtype)
+        body = Apply("clamp_min", (body, element_operand(ctx, low, sizes, out.dtype)), dtype)
     if high is not None:
-        body = Apply("clamp_max", (body, operand(ctx, high, sizes, out.dtype)), out.dtype)
+        body = Apply("clamp_max", (body, element_operand(ctx, high, sizes, out.dtype)), dtype)
     return LoopValue(sizes, body, out.dtype)
 
 
@@ -170,11 +175,11 @@ def _gelu_check(node: torch.fx.Node) -> bool:
 @register("aten::gelu.default", check=_gelu_check)
 def _gelu(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     out = out_fake(node)
-    sizes, dtype = ctx.shape(out.shape), out.dtype
+    sizes, dtype = ctx.shape(out.shape), compute_dtype(out.dtype)
     x = operand(ctx, node.args[0], sizes, dtype)
     approximate = node.kwargs.get("approximate", arg(node, 1, "approximate", "none"))
     op = "gelu_tanh" if approximate == "tanh" else "gelu"
-    return LoopValue(sizes, Apply(op, (x,), dtype), dtype)
+    return LoopValue(sizes, Apply(op, (x,), dtype), out.dtype)
 
 
 def _to_copy_check(node: torch.fx.Node) -> bool:
@@ -192,6 +197,7 @@ def _to_copy_check(node: torch.fx.Node) -> bool:
 
 @register("aten::_to_copy.default", "aten::clone.default", check=_to_copy_check)
 def _copy(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    """A cast: to a half dtype it rounds here, so later ops of the fusion see eager's value."""
     out = out_fake(node)
     sizes = ctx.shape(out.shape)
     return LoopValue(sizes, operand(ctx, node.args[0], sizes, out.dtype), out.dtype)
@@ -204,7 +210,7 @@ def _full(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     value = node.args[1] if node.target._schema.name == "aten::full" else node.args[0]
     if isinstance(value, torch.fx.Node):
         return LoopValue(sizes, operand(ctx, value, (), out.dtype), out.dtype)
-    return LoopValue(sizes, Const(convert_scalar(value, out.dtype), out.dtype), out.dtype)
+    return LoopValue(sizes, element_operand(ctx, value, (), out.dtype), out.dtype)
 
 
 def _arange_check(node: torch.fx.Node) -> bool:
@@ -235,28 +241,28 @@ def _arange(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
 def _elu(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     """scale * x for x > 0, else scale * alpha * (exp(x * input_scale) - 1) (elu, selu, celu)."""
     out = out_fake(node)
-    sizes, dtype = ctx.shape(out.shape), out.dtype
+    sizes, dtype = ctx.shape(out.shape), compute_dtype(out.dtype)
     alpha, scale, input_scale = (float(arg(node, i, n, 1.0)) for i, n in ((1, "alpha"), (2, "scale"), (3, "input_scale")))
     x = operand(ctx, node.args[0], sizes, dtype)
     negative = Apply("mul", (Apply("expm1", (Apply("mul", (x, Const(input_scale, dtype)), dtype),), dtype),
                              Const(alpha * scale, dtype)), dtype)
     positive = Apply("mul", (x, Const(scale, dtype)), dtype)
-    return LoopValue(sizes, Apply("where", (Apply("gt", (x, zero(dtype)), torch.bool), positive, negative), dtype), dtype)
+    return LoopValue(sizes, Apply("where", (Apply("gt", (x, zero(dtype)), torch.bool), positive, negative), dtype), out.dtype)
 
 
 @register("aten::leaky_relu.default", check=lambda n: _float_out(n) and isinstance(arg(n, 1, "negative_slope", 0.01), (int, float)))
 def _leaky_relu(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     out = out_fake(node)
-    sizes, dtype = ctx.shape(out.shape), out.dtype
+    sizes, dtype = ctx.shape(out.shape), compute_dtype(out.dtype)
     x = operand(ctx, node.args[0], sizes, dtype)
     slope = Const(float(arg(node, 1, "negative_slope", 0.01)), dtype)
-    return LoopValue(sizes, Apply("where", (Apply("gt", (x, zero(dtype)), torch.bool), x, Apply("mul", (x, slope), dtype)), dtype), dtype)
+    return LoopValue(sizes, Apply("where", (Apply("gt", (x, zero(dtype)), torch.bool), x, Apply("mul", (x, slope), dtype)), dtype), out.dtype)
 
 
 @register("aten::hardtanh.default", check=lambda n: _clamp_check(n) and all(isinstance(a, (int, float)) for a in n.args[1:]))
 def _hardtanh(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     out = out_fake(node)
-    sizes, dtype = ctx.shape(out.shape), out.dtype
-    low, high = (operand(ctx, arg(node, i, n, d), sizes, dtype) for i, n, d in ((1, "min_val", -1.0), (2, "max_val", 1.0)))
+    sizes, dtype = ctx.shape(out.shape), compute_dtype(out.dtype)
+    low, high = (element_operand(ctx, arg(node, i, n, d), sizes, out.dtype) for i, n, d in ((1, "min_val", -1.0), (2, "max_val", 1.0)))
     body = Apply("clamp_max", (Apply("clamp_min", (operand(ctx, node.args[0], sizes, dtype), low), dtype), high), dtype)
-    return LoopValue(sizes, body, dtype)
+    return LoopValue(sizes, body, out.dtype)

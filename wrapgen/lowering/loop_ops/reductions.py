@@ -1,5 +1,8 @@
 """Reductions as loop bodies: sum, prod, mean, amax/amin, argmax/argmin, any/all, and the
-decompositions built on them (var, softmax, log_softmax, layer_norm, vector norms)."""
+decompositions built on them (var, softmax, log_softmax, layer_norm, vector norms).
+
+Lowerings compute in `compute_dtype` (float32 for half precision) and hand `ctx.reduce` the
+tensor's own dtype, from which it picks the accumulator (float32 for half sums)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import sympy
 import torch
 import torch.fx
 
-from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, LoopValue, row_vars
+from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, LoopValue, compute_dtype, row_vars
 from wrapgen.lowering.loop_ops.common import (
     LoopContext,
     arg,
@@ -57,9 +60,14 @@ def _sum(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     out = out_fake(node)
     dims = _dims(node, 1, "dim") if op_key(node) != "aten::sum.default" else tuple(range(fake(node.args[0]).dim()))
     keep = _keepdim(node, 2) if op_key(node) != "aten::sum.default" else False
+    return ctx.reduce(_converted(ctx, node, out.dtype), dims, keep, "sum", out.dtype, "sum")
+
+
+def _converted(ctx: LoopContext, node: torch.fx.Node, dtype: torch.dtype) -> LoopValue:
+    """The reduced input as a `dtype` tensor, in dtype's compute type (a half input is not
+    rounded to a half output dtype before it is accumulated)."""
     value = ctx.value(node.args[0])
-    value = LoopValue(value.sizes, cast(value.body, out.dtype), out.dtype)
-    return ctx.reduce(value, dims, keep, "sum", out.dtype, "sum")
+    return LoopValue(value.sizes, cast(value.body, compute_dtype(dtype)), dtype)
 
 
 @register("aten::prod.dim_int", "aten::prod.default", check=_reduction_check)
@@ -67,9 +75,7 @@ def _prod(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     out = out_fake(node)
     default = op_key(node) == "aten::prod.default"
     dims = tuple(range(fake(node.args[0]).dim())) if default else _dims(node, 1, "dim")
-    value = ctx.value(node.args[0])
-    value = LoopValue(value.sizes, cast(value.body, out.dtype), out.dtype)
-    return ctx.reduce(value, dims, False if default else _keepdim(node, 2), "prod", out.dtype, "prod")
+    return ctx.reduce(_converted(ctx, node, out.dtype), dims, False if default else _keepdim(node, 2), "prod", out.dtype, "prod")
 
 
 @register("aten::mean.dim", "aten::mean.default", check=lambda n: _reduction_check(n) and out_fake(n).dtype.is_floating_point)
@@ -77,11 +83,10 @@ def _mean(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     out = out_fake(node)
     default = op_key(node) == "aten::mean.default"
     dims = tuple(range(fake(node.args[0]).dim())) if default else _dims(node, 1, "dim")
-    value = ctx.value(node.args[0])
-    value = LoopValue(value.sizes, cast(value.body, out.dtype), out.dtype)
-    total = ctx.reduce(value, dims, False if default else _keepdim(node, 2), "sum", out.dtype, "mean")
-    count = cast(IndexValue(_count(ctx, node, dims), torch.int64), out.dtype)
-    return LoopValue(total.sizes, Apply("div", (total.body, count), out.dtype), out.dtype)
+    total = ctx.reduce(_converted(ctx, node, out.dtype), dims, False if default else _keepdim(node, 2), "sum", out.dtype, "mean")
+    compute = compute_dtype(out.dtype)
+    count = cast(IndexValue(_count(ctx, node, dims), torch.int64), compute)
+    return LoopValue(total.sizes, Apply("div", (total.body, count), compute), out.dtype)
 
 
 @register("aten::amax.default", "aten::amin.default", "aten::max.default", "aten::min.default", check=_reduction_check)
@@ -122,13 +127,14 @@ def _any(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
 
 
 def _two_pass_variance(ctx: LoopContext, value: LoopValue, dims: tuple[int, ...], count: sympy.Expr, origin: str) -> tuple[LoopValue, LoopValue]:
-    """(mean, sum of squared deviations), both with keepdim=True."""
-    dtype = value.dtype
-    total = ctx.reduce(value, dims, True, "sum", dtype, origin)
-    n = cast(IndexValue(count, torch.int64), dtype)
-    mean = LoopValue(total.sizes, Apply("div", (total.body, n), dtype), dtype)
-    deviation = Apply("sub", (value.body, broadcast(mean, value.sizes)), dtype)
-    squares = LoopValue(value.sizes, Apply("mul", (deviation, deviation), dtype), dtype)
+    """(mean, sum of squared deviations), both with keepdim=True, computed in compute_dtype."""
+    dtype, compute = value.dtype, compute_dtype(value.dtype)
+    x = cast(value.body, compute)
+    total = ctx.reduce(LoopValue(value.sizes, x, dtype), dims, True, "sum", dtype, origin)
+    n = cast(IndexValue(count, torch.int64), compute)
+    mean = LoopValue(total.sizes, Apply("div", (total.body, n), compute), dtype)
+    deviation = Apply("sub", (x, broadcast(mean, value.sizes)), compute)
+    squares = LoopValue(value.sizes, Apply("mul", (deviation, deviation), compute), dtype)
     return mean, ctx.reduce(squares, dims, True, "sum", dtype, origin)
 
 
@@ -146,9 +152,10 @@ def _var(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     count = _count(ctx, node, dims)
     value = ctx.value(node.args[0])
     _, squares = _two_pass_variance(ctx, value, dims, count, "var")
-    denominator = Apply("sub", (cast(IndexValue(count, torch.int64), out.dtype), Const(float(correction), out.dtype)), out.dtype)
-    denominator = Apply("clamp_min", (denominator, Const(0.0, out.dtype)), out.dtype)
-    var = LoopValue(squares.sizes, Apply("div", (squares.body, denominator), out.dtype), out.dtype)
+    compute = compute_dtype(out.dtype)
+    denominator = Apply("sub", (cast(IndexValue(count, torch.int64), compute), Const(float(correction), compute)), compute)
+    denominator = Apply("clamp_min", (denominator, Const(0.0, compute)), compute)
+    var = LoopValue(squares.sizes, Apply("div", (cast(squares.body, compute), denominator), compute), out.dtype)
     if node.kwargs.get("keepdim", False):
         return var
     kept = tuple(s for d, s in enumerate(var.sizes) if d not in dims)
@@ -167,10 +174,11 @@ def _softmax_check(node: torch.fx.Node) -> bool:
 def _softmax_parts(ctx: LoopContext, node: torch.fx.Node) -> tuple[LoopValue, Body, Body]:
     value = ctx.value(node.args[0])
     dims = _dims(node, 1, "dim")
-    dtype = value.dtype
-    peak = ctx.reduce(value, dims, True, "max", dtype, "softmax")
-    shifted = Apply("sub", (value.body, broadcast(peak, value.sizes)), dtype)
-    exps = LoopValue(value.sizes, Apply("exp", (shifted,), dtype), dtype)
+    dtype, compute = value.dtype, compute_dtype(value.dtype)
+    x = cast(value.body, compute)
+    peak = ctx.reduce(LoopValue(value.sizes, x, dtype), dims, True, "max", dtype, "softmax")
+    shifted = Apply("sub", (x, broadcast(peak, value.sizes)), compute)
+    exps = LoopValue(value.sizes, Apply("exp", (shifted,), compute), dtype)
     total = ctx.reduce(exps, dims, True, "sum", dtype, "softmax")
     return value, shifted, broadcast(total, value.sizes)
 
@@ -178,15 +186,15 @@ def _softmax_parts(ctx: LoopContext, node: torch.fx.Node) -> tuple[LoopValue, Bo
 @register("aten::_softmax.default", check=_softmax_check)
 def _softmax(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     value, shifted, total = _softmax_parts(ctx, node)
-    dtype = value.dtype
-    return LoopValue(value.sizes, Apply("div", (Apply("exp", (shifted,), dtype), total), dtype), dtype)
+    dtype = shifted.dtype
+    return LoopValue(value.sizes, Apply("div", (Apply("exp", (shifted,), dtype), total), dtype), value.dtype)
 
 
 @register("aten::_log_softmax.default", check=_softmax_check)
 def _log_softmax(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     value, shifted, total = _softmax_parts(ctx, node)
-    dtype = value.dtype
-    return LoopValue(value.sizes, Apply("sub", (shifted, Apply("log", (total,), dtype)), dtype), dtype)
+    dtype = shifted.dtype
+    return LoopValue(value.sizes, Apply("sub", (shifted, Apply("log", (total,), dtype)), dtype), value.dtype)
 
 
 def _layer_norm_check(node: torch.fx.Node) -> bool:
@@ -204,19 +212,23 @@ def _layer_norm(ctx: LoopContext, node: torch.fx.Node) -> tuple[LoopValue, LoopV
     value = ctx.value(node.args[0])
     rank, normalized = len(value.sizes), len(node.args[1])
     dims = tuple(range(rank - normalized, rank))
-    dtype = value.dtype
+    dtype = compute_dtype(value.dtype)
     count = sympy.Mul(*[value.sizes[d] for d in dims])
     mean, squares = _two_pass_variance(ctx, value, dims, count, "layer_norm")
     n = cast(IndexValue(count, torch.int64), dtype)
     var = Apply("div", (squares.body, n), dtype)
-    rstd = LoopValue(squares.sizes, Apply("rsqrt", (Apply("add", (var, Const(float(node.args[4]), dtype)), dtype),), dtype), dtype)
-    out = Apply("mul", (Apply("sub", (value.body, broadcast(mean, value.sizes)), dtype), broadcast(rstd, value.sizes)), dtype)
+    rstd = Apply("rsqrt", (Apply("add", (var, Const(float(node.args[4]), dtype)), dtype),), dtype)
+    out = Apply("mul", (Apply("sub", (cast(value.body, dtype), broadcast(mean, value.sizes)), dtype), broadcast(
+        LoopValue(squares.sizes, rstd, dtype), value.sizes)), dtype)
     weight, bias = node.args[2], node.args[3]
     if weight is not None:
         out = Apply("mul", (out, operand(ctx, weight, value.sizes, dtype)), dtype)
     if bias is not None:
         out = Apply("add", (out, operand(ctx, bias, value.sizes, dtype)), dtype)
-    return LoopValue(value.sizes, out, dtype), mean, rstd
+    # mean and rstd have the dtypes torch gives them (the input's on CPU, float32 on CUDA)
+    mean_dtype, rstd_dtype = (f.dtype for f in out_fake(node)[1:])
+    return (LoopValue(value.sizes, out, value.dtype), LoopValue(mean.sizes, mean.body, mean_dtype),
+            LoopValue(squares.sizes, rstd, rstd_dtype))
 
 
 BASIC_NORM_ORDERS = (0, 1, 2, math.inf, -math.inf)  # other orders need pow (kernel_lowering may exclude them)
@@ -244,7 +256,7 @@ def _vector_norm(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     """ord 2: sqrt of the sum of squares; 1: sum of |x|; +-inf: max / min of |x|; 0: count of
     nonzeros; p: (sum |x|^p)^(1/p). `dist(a, b, p)` is the norm of a - b over every dim."""
     out = out_fake(node)
-    dtype = out.dtype
+    dtype = compute_dtype(out.dtype)
     order = norm_order(node)
     if op_key(node) == "aten::dist.default":
         sizes = ctx.shape(torch.broadcast_shapes(fake(node.args[0]).shape, fake(node.args[1]).shape))
@@ -263,11 +275,11 @@ def _vector_norm(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     magnitude = Apply("abs", (x,), dtype)
 
     def total(body: Body, kind: str = "sum") -> LoopValue:
-        return ctx.reduce(LoopValue(sizes, body, dtype), dims, keep, kind, dtype, "vector_norm")
+        return ctx.reduce(LoopValue(sizes, body, out.dtype), dims, keep, kind, out.dtype, "vector_norm")
 
     if order == 2:
         squares = total(Apply("mul", (x, x), dtype))
-        return LoopValue(squares.sizes, Apply("sqrt", (squares.body,), dtype), dtype)
+        return LoopValue(squares.sizes, Apply("sqrt", (squares.body,), dtype), out.dtype)
     if order == 0:
         return total(cast(Apply("ne", (x, zero(dtype)), torch.bool), dtype))
     if order == 1:
@@ -275,4 +287,4 @@ def _vector_norm(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     if order in (math.inf, -math.inf):
         return total(magnitude, "max" if order > 0 else "min")
     powers = total(Apply("pow", (magnitude, Const(float(order), dtype)), dtype))
-    return LoopValue(powers.sizes, Apply("pow", (powers.body, Const(1.0 / float(order), dtype)), dtype), dtype)
+    return LoopValue(powers.sizes, Apply("pow", (powers.body, Const(1.0 / float(order), dtype)), dtype), out.dtype)
