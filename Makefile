@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 
-.PHONY: setup demo test lint clean bench conformance
+.PHONY: setup demo test lint clean bench conformance fuzz
 
 setup: $(STAMP)
 
@@ -42,3 +42,9 @@ bench: $(STAMP)
 CONFORMANCE_ARGS ?= --max-samples 5
 conformance: $(STAMP)
 	$(PY) -m tests.conformance.run $(CONFORMANCE_ARGS)
+
+# Differential fuzzing: random programs through every target and memory-planning mode (and the sanitized
+# interpreter) against eager; mismatches shrunk into reproducers under build/fuzz/. FUZZ_ARGS, e.g. "--seed 3".
+FUZZ_SECONDS ?= 60
+fuzz: $(STAMP)
+	$(PY) -m wrapgen.fuzz --seconds $(FUZZ_SECONDS) $(FUZZ_ARGS)

@@ -15,7 +15,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "wrapgen"
 MAX_LINES = 600
-TARGETS = ("python", "cpp", "fx")
+TARGETS = ("python", "cpp", "fx", "interpret")
 
 # Lowest first; a module may import its own layer and the layers below it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (

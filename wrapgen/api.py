@@ -15,7 +15,7 @@ from wrapgen.compiled import CompiledFunction
 from wrapgen.lowering.capture import CapturedGraph, capture
 from wrapgen.lowering.lower import lower_captured
 from wrapgen.specialize import SizeSpecializations
-from wrapgen.wrapper_ir.passes import add_finite_checks, plan_memory
+from wrapgen.wrapper_ir.passes import add_finite_checks, plan_memory, schedule_collectives
 from wrapgen.wrapper_ir.program import Program
 from wrapgen.wrapper_ir.verify import verify
 
@@ -56,6 +56,7 @@ def optimize(program: Program) -> Program:
     config.snapshot()
     if config.check_finite:
         program = add_finite_checks(program)
+    program = schedule_collectives(verify(program), config.overlap_collectives)
     program = plan_memory(verify(program), config.memory_planning)
     return verify(program)
 

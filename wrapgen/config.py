@@ -80,6 +80,22 @@ OPTIONS: dict[str, Option] = {
             choices=("none", "reuse", "pooled"),
         ),
         Option(
+            "sanitize",
+            bool,
+            False,
+            "WRAPGEN_SANITIZE",
+            "check every call of programs built for the interpret and python targets: poison freed and reused "
+            "storage, catch undeclared writes, views past their storage and stale reads (SanitizerError); slow",
+        ),
+        Option(
+            "overlap_collectives",
+            bool,
+            True,
+            "WRAPGEN_OVERLAP_COLLECTIVES",
+            "start each collective (all_reduce, all_gather, reduce_scatter) as early and wait for it as late as its "
+            "dependencies allow, so communication overlaps computation; off: start and wait where the graph has them",
+        ),
+        Option(
             "cpu_huge_pages",
             bool,
             True,
@@ -107,6 +123,8 @@ kernels: bool = OPTIONS["kernels"].parse_env()
 cpu_kernels: str = OPTIONS["cpu_kernels"].parse_env()
 matmul_kernel_limit: int = OPTIONS["matmul_kernel_limit"].parse_env()
 memory_planning: str = OPTIONS["memory_planning"].parse_env()
+sanitize: bool = OPTIONS["sanitize"].parse_env()
+overlap_collectives: bool = OPTIONS["overlap_collectives"].parse_env()
 cpu_huge_pages: bool = OPTIONS["cpu_huge_pages"].parse_env()
 triton_compile_workers_min: int | None = OPTIONS["triton_compile_workers_min"].parse_env()
 

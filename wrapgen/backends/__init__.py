@@ -4,12 +4,14 @@ from wrapgen.backends.cpp import CppEmitter
 from wrapgen.backends.devices import DeviceOverrides, device_overrides, register_device_overrides
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
 from wrapgen.backends.fx import FxEmitter
+from wrapgen.backends.interpret import InterpretEmitter
 from wrapgen.backends.python import PythonEmitter
 from wrapgen.backends.registry import get_backend, register_backend, registered_backends
 
 register_backend("python", PythonEmitter)
 register_backend("fx", FxEmitter)
 register_backend("cpp", CppEmitter)
+register_backend("interpret", InterpretEmitter)
 
 __all__ = [
     "CompiledArtifact",
@@ -17,6 +19,7 @@ __all__ = [
     "DeviceOverrides",
     "Emitter",
     "FxEmitter",
+    "InterpretEmitter",
     "PythonEmitter",
     "device_overrides",
     "get_backend",

@@ -6,8 +6,9 @@ Only slow paths live here (raising errors); each target keeps its per-call fast 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+import sympy
 import torch
 
 from wrapgen.errors import InputMismatchError
@@ -66,3 +67,20 @@ def symbol_out_of_range(symbol: str, value: int, low: int | None, high: int | No
 def assert_finite(name: str, value: torch.Tensor) -> None:
     if not bool(torch.isfinite(value).all()):
         raise FloatingPointError(f"output {name} contains NaN or Inf")
+
+
+def evaluate(expr: object, values: Mapping[str, object]) -> object:
+    """The value of a size expression, its symbols read from `values` by name (an interpreter's
+    environment, or a generated function's locals): an int, a float, or a bool. Python numbers
+    pass through."""
+    if not isinstance(expr, sympy.Basic):
+        return expr
+    if expr.free_symbols:
+        expr = expr.xreplace({s: sympy.sympify(values[str(s)]) for s in expr.free_symbols})
+    if expr.is_Integer:
+        return int(expr)
+    if expr is sympy.true or expr is sympy.false:
+        return bool(expr)
+    if expr.is_number and (expr.is_real or expr.is_infinite):
+        return float(expr)
+    raise TypeError(f"cannot evaluate {expr} to a number")

@@ -18,6 +18,7 @@ import torch.fx
 
 from wrapgen.errors import LoweringError
 from wrapgen.lowering.capture import CapturedGraph
+from wrapgen.lowering.collectives import InFlightCollectives, collective_of, is_wait
 from wrapgen.lowering.constant_folding import folded_value
 from wrapgen.lowering.lifetimes import insert_frees, remove_unused_views
 from wrapgen.lowering.out_variants import find_out_variant
@@ -83,6 +84,7 @@ class GraphLowering:
         self.bound_unbacked: set[sympy.Symbol] = set()
         self.tensor_inputs: set[str] = set()
         self.folded: list[Constant] = []  # small constants computed at compile time
+        self.collectives = InFlightCollectives()
 
     # -- naming -------------------------------------------------------------------------
     def fresh(self, prefix: str = "buf") -> str:
@@ -121,9 +123,11 @@ class GraphLowering:
         self.lines = []
         for node in graph.nodes:
             if node.op == "call_function":
+                self._wait_for_reads(node)
                 self.values[node] = self._lower_call(node)
                 self._bind_data_dependent_sizes(self.values[node], node.meta.get("val"))
             elif node.op == "output":
+                self._wait_for_reads(node)
                 self._lower_output(node)
             elif node.op not in ("placeholder", "get_attr"):
                 raise LoweringError(f"node {node.name}: op kind {node.op!r} is not supported")
@@ -266,6 +270,12 @@ class GraphLowering:
             return self.symbols.expr(fake)
         if target._schema.name == "aten::_local_scalar_dense":
             return self._lower_item(node, fake)
+        collective = collective_of(target)
+        if collective is not None:
+            return self._lower_collective(node, collective, fake)
+        waited = self._waited(node) if is_wait(target) else None
+        if waited is not None:
+            return waited
         folded = folded_value(node)
         if folded is not None:
             return self._fold(node, folded)
@@ -283,6 +293,33 @@ class GraphLowering:
         if out_variant is not None:
             return self._lower_out_call(node, out_variant, fake)
         return self._lower_functional(node, target, fake)
+
+    # -- collectives ------------------------------------------------------------------------
+    def _lower_collective(self, node: torch.fx.Node, collective: str, fake: object) -> Buffer:
+        source = self.to_arg(node.args[0])
+        if not isinstance(source, TensorRef) or not isinstance(fake, torch.Tensor):
+            raise LoweringError(f"node {node.name}: {collective} of a value that is not a tensor")
+        name = self.fresh()
+        type_ = self.tensor_type(fake)
+        # torch's kernels return a dense result; a fake that says otherwise is read with run-time strides
+        dense = fake.is_contiguous()
+        line_type = type_ if dense else TensorType(type_.dtype, type_.device, type_.sizes)
+        self.lines.append(self.collectives.start(node, collective, name, source.name, line_type))
+        return Buffer(name, type_, name, sympy.Integer(0), dense)
+
+    def _waited(self, node: torch.fx.Node) -> Buffer | None:
+        """`wait_tensor` of a collective result: its wait line (unless a read already placed it)."""
+        value = self.values.get(node.args[0]) if isinstance(node.args[0], torch.fx.Node) else None
+        if not isinstance(value, Buffer) or value.name not in self.collectives.results:
+            return None  # another op's wait (all_to_all_single, ...): a library call
+        self.lines.extend(self.collectives.waits_before([value.name]))
+        return value
+
+    def _wait_for_reads(self, node: torch.fx.Node) -> None:
+        """Wait for in-flight collective results `node` reads before its own wait_tensor."""
+        if self.collectives.started and not is_wait(node.target):
+            read = [v for n in node.all_input_nodes for v in _buffers(self.values.get(n))]
+            self.lines.extend(self.collectives.waits_before([b.name for b in read]))
 
     def _lower_getitem(self, node: torch.fx.Node) -> object:
         source, index = node.args
@@ -445,6 +482,12 @@ class GraphLowering:
         if source == TensorRef(destination.name):
             return
         self.lines.append(ExternKernel(None, "aten::copy_.default", (TensorRef(destination.name), source), (), None, (destination.name,)))
+
+
+def _buffers(value: object) -> list[Buffer]:
+    if isinstance(value, Buffer):
+        return [value]
+    return [v for v in value if isinstance(v, Buffer)] if isinstance(value, tuple) else []
 
 
 def _qualified(op: torch._ops.OpOverload) -> str:

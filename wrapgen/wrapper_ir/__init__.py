@@ -1,5 +1,6 @@
 """The Wrapper IR: a typed, pure-data description of a compiled program's host-side work."""
 
+from wrapgen.wrapper_ir.collectives import CollectiveStart, CollectiveWait
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
     Allocate,
@@ -32,6 +33,8 @@ __all__ = [
     "AssertInput",
     "AssertScalar",
     "BindSymbol",
+    "CollectiveStart",
+    "CollectiveWait",
     "Comment",
     "Constant",
     "ExternKernel",

@@ -1,8 +1,9 @@
 """The verifier: every program passes it before an emitter sees it.
 
 It walks the lines once, tracking which names are live, freed, and which size symbols are
-bound, and checks each line's own invariants. Every error names the line (1-based, as in
-`str(program)`) and the reason.
+bound, which collectives are in flight (their results are not read, nor their storage written
+or reused, before their waits), and checks each line's own invariants. Every error names the
+line (1-based, as in `str(program)`) and the reason.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from dataclasses import dataclass
 import sympy
 import torch
 
+from wrapgen.wrapper_ir.collectives import CollectiveStart, InFlight
 from wrapgen.wrapper_ir.lines import (
     AllocateFromPool,
     AssertFinite,
     AssertInput,
+    ExternKernel,
     KernelCall,
     KernelDefinition,
     MultiOutput,
@@ -47,11 +50,12 @@ class _State:
     bound: set[sympy.Symbol]
     kernels: set[str]
     constants: set[str]
+    in_flight: InFlight
 
 
 def verify(program: Program) -> Program:
     """Raise VerificationError for the first malformed line; return the program unchanged."""
-    state = _State(live={}, defined_at={}, freed_at={}, bound=set(), kernels=set(), constants=set())
+    state = _State(live={}, defined_at={}, freed_at={}, bound=set(), kernels=set(), constants=set(), in_flight=InFlight())
     for spec in program.inputs:
         _define_header(state, spec.name, spec.type if isinstance(spec, TensorInput) else None)
     for const in program.constants:
@@ -67,6 +71,7 @@ def verify(program: Program) -> Program:
     for number, line in enumerate(program.lines, 1):
         try:
             line.check()
+            state.in_flight.check(line)
             _check_uses(state, line, number, later_definitions)
             _check_symbols(state, line)
             _check_types(state, line, input_types)
@@ -151,6 +156,13 @@ def _check_types(state: _State, line: WrapperLine, input_types: dict[str, Tensor
         known = _tensor_type(state, line.name)
         if known is not None and known.dtype != line.dtype:
             raise ValueError(f"{line.name} is {dtype_name(known.dtype)}, not {dtype_name(line.dtype)}")
+    elif isinstance(line, CollectiveStart):
+        source = _tensor_type(state, line.input)
+        if source is not None and (source.dtype, source.device) != (line.type.dtype, line.type.device):
+            raise ValueError(
+                f"{line.collective} of {line.input} ({dtype_name(source.dtype)} {source.device}) cannot give "
+                f"{dtype_name(line.type.dtype)} {line.type.device}: dtype/device mismatch"
+            )
     elif isinstance(line, KernelCall) and line.kernel not in state.kernels:
         raise ValueError(f"calls kernel {line.kernel}, which no earlier KernelDefinition defines")
 
@@ -162,6 +174,7 @@ def _apply(state: _State, line: WrapperLine, number: int) -> None:
         if line.name in state.kernels:
             raise ValueError(f"kernel {line.name} is defined twice")
         state.kernels.add(line.name)
+    state.in_flight.apply(line, number, _alias_source(line))
     for name in line.defines():
         if name in state.live:
             raise ValueError(f"redefines {name}, still live since line {state.defined_at[name]}")
@@ -179,3 +192,12 @@ def _apply(state: _State, line: WrapperLine, number: int) -> None:
             raise ValueError(f"frees constant {name}, which the program does not own")
         del state.live[name]
         state.freed_at[name] = number
+
+
+def _alias_source(line: WrapperLine) -> str | None:
+    """The name whose storage `line`'s result views, if it views one."""
+    if isinstance(line, (Reinterpret, MultiOutput, ReuseBuffer)):
+        return line.source
+    if isinstance(line, ExternKernel):
+        return line.alias_of
+    return None

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 
 import jinja2
 import sympy
 import torch
 
+from wrapgen.backends.cpp.call_code import CallCode
+from wrapgen.backends.cpp.collectives import CollectiveWriter
 from wrapgen.backends.cpp.exprs import (
     UnprintableExpr,
     cpp_double_expr,
@@ -33,6 +36,7 @@ from wrapgen.backends.cpp.extern import CannotExpress, ExternWriter
 from wrapgen.backends.devices import device_overrides, kernel_device, returns_status
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
 from wrapgen.errors import UnsupportedLineError
+from wrapgen.wrapper_ir.collectives import CollectiveStart, CollectiveWait
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
     Allocate,
@@ -125,6 +129,8 @@ class CppEmitter(Emitter):
         self.device = next(iter(devices)) if len(devices) == 1 else torch.device("cpu")
         self.devices_used: set[str] = {self.device.type}
         self.externs = ExternWriter(self.types, self.device)
+        self.collectives = CollectiveWriter(self.externs)
+        self.headers: set[str] = set()  # shim headers beyond the runtime's
         for text in device_overrides(self.device).cpp_run_prologue(self.device.index):
             self.writeline(text)
         for number, spec in enumerate(program.inputs):
@@ -157,6 +163,7 @@ class CppEmitter(Emitter):
             constant_names=[cpp_string(c.name) for c in program.constants],
             constant_devices=[(device_type_code(c.type.device), device_index(c.type.device)) for c in program.constants],
             body=self.body,
+            headers=sorted(self.headers),
         )
 
     def metadata(self, program: Program) -> dict:
@@ -189,7 +196,9 @@ class CppEmitter(Emitter):
                 outputs.append({"kind": "none"})
             else:
                 outputs.append({"kind": "int"})
+        forwarded = {"wrapgen_ops": sorted(self.collectives.forwarded)} if self.collectives.forwarded else {}
         return {
+            **forwarded,  # ops wrapgen defines (backends/cpp/collectives.py), registered by the loader
             "program": program.name,
             "inputs": inputs,
             "outputs": outputs,
@@ -376,6 +385,36 @@ class CppEmitter(Emitter):
             kind = "wrapgen::Tensor" if self._is_tensor_name(line.name) else "wrapgen::Value"
             self.writeline(f"{kind} t_{line.name};")
             self.declared.add(line.name)
+        self.writeline("{")
+        for text in code.lines:
+            self.writeline(f"  {text}")
+        self.writeline("}")
+
+    def emit_collective_start(self, line: CollectiveStart) -> None:
+        try:
+            code = self.collectives.start(line)
+        except (CannotExpress, UnprintableExpr) as e:
+            raise self.refuse(line, str(e)) from None
+        self.writeline(f"wrapgen::Tensor t_{line.name};")
+        self.declared.add(line.name)
+        self._write_call(code)
+
+    def emit_collective_wait(self, line: CollectiveWait) -> None:
+        type_ = self.types.get(line.name)
+        device = type_.device.type if isinstance(type_, TensorType) else self.device.type
+        try:
+            code = self.collectives.wait(line, device)
+        except (CannotExpress, UnprintableExpr) as e:
+            raise self.refuse(line, str(e)) from None
+        self._write_call(code)
+
+    def _write_call(self, code: CallCode) -> None:
+        """A call's lines in a block of their own; shim functions from `c/shim_<device>.h` get that header."""
+        self.use_shim(*code.shims)
+        for shim in code.shims:
+            match = re.match(r"aoti_torch_(\w+?)__c10d_functional_", shim)
+            if match:
+                self.headers.add(f"torch/csrc/inductor/aoti_torch/c/shim_{match.group(1)}.h")
         self.writeline("{")
         for text in code.lines:
             self.writeline(f"  {text}")

@@ -82,6 +82,10 @@ class CppModel:
         meta = self.library.wg_metadata
         meta.restype = ctypes.c_char_p
         self.metadata = json.loads(meta().decode())
+        if self.metadata.get("wrapgen_ops"):
+            from wrapgen.backends.cpp.collectives import register_forwarding_ops
+
+            register_forwarding_ops()  # the ops the library calls through the dispatcher
         self._run = self.library.wg_run
         self._run.restype = ctypes.c_int32
         self._run.argtypes = [

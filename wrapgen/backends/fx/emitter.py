@@ -30,6 +30,7 @@ from wrapgen.backends.fx import runtime as fx_runtime
 from wrapgen.backends.fx.exprs import ExpressionError, ExpressionNodes, Value, is_integer_expression
 from wrapgen.backends.runtime import check_arg_count, resolve_op
 from wrapgen.errors import UnsupportedLineError
+from wrapgen.wrapper_ir.collectives import WAIT_OP, CollectiveStart, CollectiveWait
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
     Allocate,
@@ -284,6 +285,16 @@ class FxEmitter(Emitter):
         node = self.node(op, args, kwargs, name=line.name)
         if line.name is not None:
             self.define(line.name, node)
+
+    def emit_collective_start(self, line: CollectiveStart) -> None:
+        args = tuple(self.value(a) for a in line.op_args())
+        self.define(line.name, self.node(resolve_op(line.op), args, name=line.name))
+
+    def emit_collective_wait(self, line: CollectiveWait) -> None:
+        # later readers take the wait's node: the graph's data flow orders them after it, as in
+        # the graphs torch traces (a downstream compiler sees the same start/wait pair)
+        waited = self.node(resolve_op(WAIT_OP), (self.lookup(line.name),), name=f"wait_{line.name}")
+        self.define(line.name, waited)
 
     def emit_multi_output(self, line: MultiOutput) -> None:
         node = self.lookup(line.source)

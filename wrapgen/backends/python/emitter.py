@@ -10,10 +10,13 @@ import sympy
 import torch
 from torch.utils._sympy.printers import PythonPrinter
 
+from wrapgen import config
 from wrapgen.backends.devices import DeviceOverrides, device_overrides, kernel_device
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
+from wrapgen.backends.sanitize import ProgramSanitizer
 from wrapgen.cache import load_python_module, write_cached
 from wrapgen.errors import UnsupportedLineError
+from wrapgen.wrapper_ir.collectives import WAIT_OP, CollectiveStart, CollectiveWait
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
     Allocate,
@@ -32,6 +35,7 @@ from wrapgen.wrapper_ir.lines import (
     Reinterpret,
     ReuseBuffer,
     SymbolicCallArg,
+    WrapperLine,
 )
 from wrapgen.wrapper_ir.program import Program, TensorInput
 from wrapgen.wrapper_ir.values import Arg, TensorRef, TensorType, dtype_name
@@ -144,6 +148,19 @@ class PythonEmitter(Emitter):
         if program.inputs:
             self.writeline(f"{names}, = args")
             self.writeline("args.clear()  # boxed calling convention: inputs can be freed early")
+        # config.sanitize at compile time: the sanitizer checks the lines that need it, before and
+        # after each (backends/sanitize); without it the module has no trace of it.
+        self.sanitizer = ProgramSanitizer(program) if config.sanitize else None
+        if self.sanitizer is not None:
+            self.writeline("_san = _sanitizer.start(locals())")
+
+    def dispatch(self, line: WrapperLine) -> None:
+        before, after = self.sanitizer.hooks(self.line_number) if self.sanitizer is not None else (False, False)
+        if before:
+            self.writeline(f"_san.before({self.line_number}, locals())")
+        super().dispatch(line)
+        if after:
+            self.writeline(f"_san.after({self.line_number}, locals())")
 
     def finish(self, program: Program) -> str:
         header = [
@@ -164,6 +181,8 @@ class PythonEmitter(Emitter):
         header += [f"{var} = op_callable({op!r})" for op, var in self.ops.items()]
         header += self.kernel_header()
         header.append("")
+        if self.sanitizer is not None:
+            header.append("_sanitizer = None  # the program's ProgramSanitizer (config.sanitize), bound by the loader")
         header.append("# Constants (parameters and buffers), bound by the loader before the first call.")
         header += [f"{c.name} = None" for c in program.constants]
         lines = header + ["", "", "def call(args):"] + self.body + ["", ""] + self.benchmark_source(program)
@@ -218,6 +237,8 @@ class PythonEmitter(Emitter):
         module = load_python_module(path)
         for name, value in program.constant_values().items():
             setattr(module, name, value)
+        if self.sanitizer is not None:
+            module._sanitizer = self.sanitizer
         return CompiledArtifact(module.call, source, path)
 
     # -- lines ------------------------------------------------------------------------------
@@ -277,8 +298,12 @@ class PythonEmitter(Emitter):
             self.pool_views[key] = f"{line.pool}_{dtype_name(t.dtype)}"
             self.writeline(f"{self.pool_views[key]} = {line.pool}.view({t.dtype})")
         offset = sympy.simplify(sympy.sympify(line.offset) / t.dtype.itemsize)
+        # An offset the division leaves with a fraction (`Max(...)/2`) would print as a float:
+        # divide the byte offset in Python instead, as an int.
+        fractional = any(not r.is_Integer for r in offset.atoms(sympy.Rational))
+        text = f"({py_expr(line.offset)}) // {t.dtype.itemsize}" if fractional else py_expr(offset)
         self.writeline(
-            f"{line.name} = _as_strided({self.pool_views[key]}, {py_tuple(t.sizes)}, {py_tuple(t.strides or ())}, {py_expr(offset)})"
+            f"{line.name} = _as_strided({self.pool_views[key]}, {py_tuple(t.sizes)}, {py_tuple(t.strides or ())}, {text})"
         )
 
     def emit_free(self, line: Free) -> None:
@@ -295,6 +320,14 @@ class PythonEmitter(Emitter):
         parts = [py_value(a) for a in line.args] + [f"{k}={py_value(v)}" for k, v in line.kwargs]
         call = f"{self.op_handle(line.op)}({', '.join(parts)})"
         self.writeline(f"{line.name} = {call}" if line.name is not None else call)
+
+    def emit_collective_start(self, line: CollectiveStart) -> None:
+        # the functional collective launches it and returns at once; its group is looked up by name
+        args = ", ".join(py_value(a) for a in line.op_args())
+        self.writeline(f"{line.name} = {self.op_handle(line.op)}({args})")
+
+    def emit_collective_wait(self, line: CollectiveWait) -> None:
+        self.writeline(f"{self.op_handle(WAIT_OP)}({line.name})")
 
     def emit_multi_output(self, line: MultiOutput) -> None:
         self.writeline(f"{line.name} = {line.source}{''.join(f'[{i}]' for i in line.index)}")

@@ -256,6 +256,8 @@ class CppKernelCodegen:
             args = [self.value(a, memo, local, w) for a in body.args]
             if free_cast(body):
                 memo[body] = args[0]
+                if cached is not None and cached.producer == self.current_item:  # a cached upcast is still stored
+                    w.line(f"{cached.array}[{self.index(_flat_reduced_index(self.group))}] = {args[0]};")
                 return args[0]
             text = render_op(body.op, args, [a.dtype for a in body.args], body.dtype)
         name = self.tmp()

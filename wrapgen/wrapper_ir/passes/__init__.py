@@ -2,8 +2,9 @@
 
 from wrapgen.wrapper_ir.passes.finite_checks import add_finite_checks
 from wrapgen.wrapper_ir.passes.memory_planning import plan_memory
+from wrapgen.wrapper_ir.passes.overlap import schedule_collectives
 from wrapgen.wrapper_ir.passes.peak_memory import peak_memory
 from wrapgen.wrapper_ir.passes.pooling import pool_buffers
 from wrapgen.wrapper_ir.passes.reuse import reuse_buffers
 
-__all__ = ["add_finite_checks", "peak_memory", "plan_memory", "pool_buffers", "reuse_buffers"]
+__all__ = ["add_finite_checks", "peak_memory", "plan_memory", "pool_buffers", "reuse_buffers", "schedule_collectives"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sympy
 
+from wrapgen.wrapper_ir.collectives import CollectiveStart
 from wrapgen.wrapper_ir.lines import Allocate, ExternKernel, WrapperLine
 from wrapgen.wrapper_ir.passes.storage import StorageAnalysis
 from wrapgen.wrapper_ir.passes.symbolic import provably_le
@@ -13,7 +14,7 @@ from wrapgen.wrapper_ir.values import TensorType, storage_bytes
 
 def owned_bytes(line: WrapperLine) -> sympy.Expr:
     """Bytes of new storage a line brings (pooled buffers and reuses bring none)."""
-    if isinstance(line, Allocate):
+    if isinstance(line, (Allocate, CollectiveStart)):
         return storage_bytes(line.type)
     if isinstance(line, ExternKernel) and line.name is not None and line.alias_of is None:
         results = line.result if isinstance(line.result, tuple) else (line.result,)
