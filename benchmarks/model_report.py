@@ -4,7 +4,7 @@ inputs, the distance from eager and the ratio to torch.compile, per model and co
 
 from __future__ import annotations
 
-from benchmarks.report import STATUS_TEXT, Report, Result, fmt_time, fmt_value, header_lines, table_cell
+from benchmarks.report import STATUS_TEXT, Report, Result, fmt_time, fmt_value, header_lines, ratio_grid, table_cell
 
 
 def peak_above_inputs(r: Result) -> int | None:
@@ -45,19 +45,7 @@ def results_table(report: Report) -> list[str]:
 def ratio_table(report: Report) -> list[str]:
     """Model x contender: torch.compile's time over the contender's (above 1: faster than it)."""
     contenders = [c for c in report.contenders() if not c.startswith("torch.compile")]
-    lines = ["| model | " + " | ".join(contenders) + " |", "|---|" + "---:|" * len(contenders)]
-    for workload in report.workloads:
-        cells = []
-        for name in contenders:
-            r = next((x for x in report.results if x.workload == workload and x.contender == name), None)
-            if r is None:
-                cells.append("")
-            elif r.status != "ok":
-                cells.append(r.status)
-            else:
-                cells.append(fmt_value(report.vs_torch_compile(r), ".2f", "x"))
-        lines.append(f"| {workload} | " + " | ".join(cells) + " |")
-    return lines
+    return ratio_grid(report, contenders, report.vs_torch_compile, first="model")
 
 
 def markdown(report: Report) -> str:

@@ -101,6 +101,24 @@ def table_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def ratio_grid(report: Report, contenders: list[str], ratio: Callable[[Result], float | None],
+               first: str = "workload") -> list[str]:
+    """A workload x contender table of `ratio(result)` (a failed cell shows its status)."""
+    lines = [f"| {first} | " + " | ".join(contenders) + " |", "|---|" + "---:|" * len(contenders)]
+    for workload in report.workloads:
+        cells = []
+        for name in contenders:
+            r = next((x for x in report.results if x.workload == workload and x.contender == name), None)
+            if r is None:
+                cells.append("")
+            elif r.status != "ok":
+                cells.append(r.status)
+            else:
+                cells.append(fmt_value(ratio(r), ".2f", "x"))
+        lines.append(f"| {workload} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def header_lines(report: Report, title: str = "wrapgen benchmarks", settings: dict[str, str] | None = None) -> list[str]:
     """The title and the table of where and with what the run was made (`settings`: extra rows)."""
     info = report.info
@@ -169,18 +187,7 @@ def markdown(report: Report) -> str:
     contenders = [c for c in report.contenders() if c != "eager"]
     if contenders:
         lines += ["## Speedup over eager", ""]
-        lines += ["| workload | " + " | ".join(contenders) + " |", "|---|" + "---:|" * len(contenders)]
-        for workload in report.workloads:
-            cells = []
-            for name in contenders:
-                r = next((x for x in report.results if x.workload == workload and x.contender == name), None)
-                if r is None:
-                    cells.append("")
-                elif r.status != "ok":
-                    cells.append(r.status)
-                else:
-                    cells.append(fmt_value(report.speedup(r), ".2f", "x"))
-            lines.append(f"| {workload} | " + " | ".join(cells) + " |")
+        lines += ratio_grid(report, contenders, report.speedup)
         lines.append("")
 
     failures = [r for r in report.results if r.status != "ok"]
