@@ -37,7 +37,8 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
 	test "$(BENCH_MODELS)" = none || $(PY) -m benchmarks.run --models $(BENCH_MODELS) $(MODEL_BENCH_ARGS)
 
-# Conformance: every OpInfo op through every wrapgen target; writes benchmarks/results/conformance-<device>-<target>.md.
+# Conformance: every OpInfo op through every wrapgen target; writes benchmarks/results/conformance-<device>-<target>.md
+# (float32 samples; "--dtypes bfloat16 float16" writes conformance-<device>-<target>-<dtype>.md for each).
 # CONFORMANCE_ARGS, e.g. "--ops 'add*' 'nn.functional.*'", "--max-samples 0" (every sample), "--jobs 4".
 CONFORMANCE_ARGS ?= --max-samples 5
 conformance: $(STAMP)

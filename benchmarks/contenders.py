@@ -36,6 +36,7 @@ class Contender:
     caches: Callable[[str], contextlib.AbstractContextManager] = field(default=no_caches)
     compiles: bool = True  # False for eager: no compile time to report
     train_build: Build | None = None  # compiles a module whose backward is run too; None: no training
+    opt_in: bool = False  # measured only when named (--contenders): autotuning makes cold compiles long
 
 
 # -- eager -------------------------------------------------------------------------------------
@@ -133,25 +134,41 @@ def default_contenders(device: str) -> list[Contender]:
     pooled = {"memory_planning": "pooled"}
     contenders.append(Contender("wrapgen[python+pooled]", _wrapgen("python", **pooled), fresh_wrapgen_cache,
                                 train_build=_wrapgen_dynamo("python", **pooled)))
+    if device == "cuda":
+        # CUDA graphs (issue 19), against torch.compile[reduce-overhead] (Inductor's CUDA graphs).
+        graphs = {"cuda_graphs": True}
+        for target in ("python", "cpp"):
+            contenders.append(Contender(f"wrapgen[{target}+graphs]", _wrapgen(target, **graphs), fresh_wrapgen_cache,
+                                        train_build=_wrapgen_dynamo(target, **graphs)))
     if device == "cpu":
         # Large CPU buffers are advised onto huge pages by default; this row shows the kernels
         # and wrapper without that advice, on the 4 KiB pages every other contender gets.
         small_pages = {"cpu_huge_pages": False}
         contenders.append(Contender("wrapgen[python+4k-pages]", _wrapgen("python", **small_pages),
                                     fresh_wrapgen_cache, train_build=_wrapgen_dynamo("python", **small_pages)))
+    # GEMM templates chosen by measurement at compile time, against Inductor's counterpart
+    # (CUDA graphs off on both sides). Opt-in: name them in --contenders.
+    autotune = {"max_autotune": True}
+    contenders.append(Contender("wrapgen[python+max_autotune]", _wrapgen("python", **autotune), fresh_wrapgen_cache,
+                                train_build=_wrapgen_dynamo("python", **autotune), opt_in=True))
+    inductor_autotune = _torch_compile("max-autotune-no-cudagraphs")
+    contenders.append(Contender("torch.compile[max-autotune-no-cudagraphs]", inductor_autotune, fresh_inductor_caches,
+                                train_build=inductor_autotune, opt_in=True))
     return contenders
 
 
 def select(contenders: list[Contender], names: str | None) -> list[Contender]:
     """Contenders named in a comma-separated list; `wrapgen` names every `wrapgen[...]` target,
-    `torch.compile` both of its modes. Eager is always kept: it is the reference."""
+    `torch.compile` both of its modes. Eager is always kept: it is the reference. Opt-in
+    contenders (max_autotune on either side) run only when named exactly."""
     if not names:
-        return contenders
+        return [c for c in contenders if not c.opt_in]
     tokens = [n.strip() for n in names.split(",") if n.strip()]
     known = {c.name for c in contenders}
     for token in tokens:
         if not any(name == token or name.startswith(token + "[") for name in known):
             raise ValueError(f"unknown contender {token!r}; contenders are: {', '.join(sorted(known))}")
     return [
-        c for c in contenders if c.name == "eager" or any(c.name == t or c.name.startswith(t + "[") for t in tokens)
+        c for c in contenders
+        if c.name == "eager" or any(c.name == t or (not c.opt_in and c.name.startswith(t + "[")) for t in tokens)
     ]

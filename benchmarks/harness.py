@@ -128,6 +128,20 @@ def warm_up(contender: Contender, device: str, cache_root: str) -> None:
     torch._dynamo.reset()
 
 
+def _row_line(r: Result) -> str:
+    """One finished cell as a line: workload, contender, status, median, cold compile, peak."""
+    parts = [f"{r.workload} / {r.contender}: {r.status}"]
+    if r.median_s is not None:
+        parts.append(f"{r.median_s * 1e3:.3f} ms")
+    if r.compile_s is not None:
+        parts.append(f"compile {r.compile_s:.1f} s")
+    if r.peak_bytes is not None:
+        parts.append(f"peak {r.peak_bytes / 2**20:.1f} MiB")
+    if r.status != "ok":
+        parts.append(r.detail[:300])
+    return "  ".join(parts)
+
+
 def run_benchmarks(
     device: str,
     chosen: list[Workload],
@@ -181,7 +195,10 @@ def run_benchmarks(
                     torch._dynamo.reset()
                     measure.release(device)
                     bar.update()
-            results += [combine_rounds(cell, rounds) for cell in cells.values()]
+            finished = [combine_rounds(cell, rounds) for cell in cells.values()]
+            for row in finished:  # a run cut short still shows what it measured
+                tqdm.write(_row_line(row), file=sys.stderr)
+            results += finished
             del model, inputs, reference
             gc.collect()
             measure.release(device)

@@ -58,6 +58,8 @@ def model_workloads(families: Sequence[models.ModelFamily], size: str, dtype_nam
     dtype = DTYPES[dtype_name]
     chosen = []
     for family in families:
+        if size not in family.sizes:  # b1x32 is defined for the decoders only
+            continue
         impl = f"; from {models.resolve_vision(vision_impl)}" if family.vision else ""
         description = f"{family.description}{impl}; {dtype_name}"
         sizes = {size: family.sizes[size]}

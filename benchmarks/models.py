@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-SIZES = ("full", "small")
+SIZES = ("full", "small", "b1x32")  # b1x32: full-size decoders at batch 1 x 32 tokens (launch bound)
 VISION_IMPLS = ("auto", "torchvision", "transformers")
 Built = tuple[nn.Module, tuple[torch.Tensor, ...]]
 
@@ -216,7 +216,8 @@ FAMILIES: dict[str, ModelFamily] = {
         ModelFamily(
             "gpt2", "GPT2LMHeadModel (transformers), logits", _gpt2,
             {"full": {"layers": 12, "hidden": 768, "heads": 12, "vocab": 50257, "batch": 8, "tokens": 256},
-             "small": {"layers": 2, "hidden": 128, "heads": 4, "vocab": 4096, "batch": 8, "tokens": 128}},
+             "small": {"layers": 2, "hidden": 128, "heads": 4, "vocab": 4096, "batch": 8, "tokens": 128},
+             "b1x32": {"layers": 12, "hidden": 768, "heads": 12, "vocab": 50257, "batch": 1, "tokens": 32}},
             trainable=True,
         ),
         ModelFamily(
@@ -224,7 +225,9 @@ FAMILIES: dict[str, ModelFamily] = {
             {"full": {"layers": 8, "hidden": 1024, "heads": 16, "kv_heads": 4, "intermediate": 2816,
                       "vocab": 32000, "batch": 8, "tokens": 256},
              "small": {"layers": 2, "hidden": 256, "heads": 8, "kv_heads": 2, "intermediate": 688,
-                       "vocab": 4096, "batch": 8, "tokens": 128}},
+                       "vocab": 4096, "batch": 8, "tokens": 128},
+             "b1x32": {"layers": 8, "hidden": 1024, "heads": 16, "kv_heads": 4, "intermediate": 2816,
+                       "vocab": 32000, "batch": 1, "tokens": 32}},
             trainable=True,
         ),
         ModelFamily(

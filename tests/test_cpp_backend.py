@@ -359,3 +359,78 @@ def test_a_fast_linker_that_fails_gives_way_to_the_default(tmp_path, monkeypatch
     with wrapgen.config.patch(cache_dir=str(tmp_path)):
         compiled = wrapgen.compile(lambda t: torch.sigmoid(t) * 3, (x,), target="cpp")
     torch.testing.assert_close(compiled(x), torch.sigmoid(x) * 3)
+
+
+
+def _impl_index_program(device: torch.device) -> Program:
+    """`_batch_norm_impl_index`: results (Tensor, Tensor, Tensor, Tensor, int), the first read."""
+    from wrapgen.wrapper_ir import MultiOutput
+
+    x_type = TensorType(torch.float32, device, (4, 3, 5), (15, 5, 1))
+    c_type = TensorType(torch.float32, device, (3,), (1,))
+    names = ("x", "w", "b", "mean", "var")
+    inputs = tuple(TensorInput(n, x_type if n == "x" else c_type) for n in names)
+    results = (TensorType(torch.float32, device, (4, 3, 5)), None, None, None, None)
+    args = (*(TensorRef(n) for n in names), False, 0.1, 1e-5, True)
+    lines = (
+        ExternKernel("r", "aten::_batch_norm_impl_index.default", args, result=results),
+        MultiOutput("y", "r", (0,), TensorType(torch.float32, device, (4, 3, 5))),
+        Output((TensorRef("y"),)),
+    )
+    return Program("p", inputs, (), (), lines)
+
+
+def test_mixed_tensor_and_int_results_are_refused_on_the_dispatcher_route():
+    """torch's `aoti_torch_call_dispatcher` types result i as result n-1-i, so an op whose
+    results mix tensors and ints in an order that does not read the same both ways would come
+    back mistyped: the C++ target refuses it, naming the line."""
+    with pytest.raises(UnsupportedLineError, match="_batch_norm_impl_index.*mistypes mixed results"):
+        CppEmitter().emit(_impl_index_program(torch.device("cpu")))
+
+
+def test_scalar_results_of_a_generated_shim_are_not_held():
+    """cuDNN attention through its generated shim: the int results (max_q, max_k) go to
+    `int64_t` temporaries and leave empty items, so tensor elements keep their indices.
+    (Emission only: running it needs a GPU.)"""
+    from wrapgen.wrapper_ir import MultiOutput
+
+    cuda = torch.device("cuda:0")
+    q_type = TensorType(torch.bfloat16, cuda, (2, 4, 8, 16), (512, 128, 16, 1))
+    inputs = tuple(TensorInput(n, q_type) for n in ("q", "k", "v"))
+    results = (q_type, *(TensorType(torch.float32, cuda, (2, 4, 8)),) * 3, None, None, *(q_type,) * 3)
+    args = (TensorRef("q"), TensorRef("k"), TensorRef("v"), None, True)
+    lines = (
+        ExternKernel("r", "aten::_scaled_dot_product_cudnn_attention.default", args, result=results),
+        MultiOutput("o", "r", (0,), q_type),
+        MultiOutput("lse", "r", (1,), TensorType(torch.float32, cuda, (2, 4, 8))),
+        Output((TensorRef("o"), TensorRef("lse"))),
+    )
+    source = CppEmitter().emit(Program("p", inputs, (), (), lines))
+    assert "aoti_torch_cuda__scaled_dot_product_cudnn_attention(" in source
+    assert source.count("int64_t ret") == 2 and "t_r.items.emplace_back();" in source
+
+
+def test_none_for_a_plain_tensor_argument_is_an_undefined_tensor():
+    """cuDNN attention's backward declares `Tensor attn_bias` and receives None (eager's argument
+    parser turns that into an undefined tensor): the C++ target passes an undefined tensor too.
+    (Emission only: running it needs a GPU.)"""
+    cuda = torch.device("cuda:0")
+    q_type = TensorType(torch.bfloat16, cuda, (2, 4, 8, 16), (512, 128, 16, 1))
+    lse_type = TensorType(torch.float32, cuda, (2, 4, 8), (32, 8, 1))
+    scalar = TensorType(torch.int64, cuda, (), ())
+    names = {"grad": q_type, "q": q_type, "k": q_type, "v": q_type, "out": q_type, "lse": lse_type, "seed": scalar,
+             "offset": scalar, "cq": scalar, "ck": scalar}
+    inputs = tuple(TensorInput(n, t) for n, t in names.items())
+    refs = {n: TensorRef(n) for n in names}
+    args = (*(refs[n] for n in ("grad", "q", "k", "v", "out", "lse", "seed", "offset")), None, refs["cq"], refs["ck"],
+            8, 8, 0.0, True)
+    from wrapgen.wrapper_ir import MultiOutput
+
+    lines = (
+        ExternKernel("g", "aten::_scaled_dot_product_cudnn_attention_backward.default", args, result=(q_type,) * 3),
+        MultiOutput("dq", "g", (0,), q_type),
+        Output((TensorRef("dq"),)),
+    )
+    source = CppEmitter().emit(Program("p", inputs, (), (), lines))
+    assert "aoti_torch_cuda__scaled_dot_product_cudnn_attention_backward(" in source
+    assert "aoti_torch_new_uninitialized_tensor(&" in source

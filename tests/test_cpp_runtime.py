@@ -124,7 +124,7 @@ def test_standalone_runner_matches_eager(mlp_package, runner, tmp_path):
 def test_runner_leak_check_over_1000_calls_with_fallbacks(fallback_package, runner, tmp_path):
     model, path = fallback_package
     source = (Path(path) / "model.cpp").read_text()
-    assert source.count("st.call(") >= 5, "the package calls library ops through the dispatcher"
+    assert source.count("st.call(") >= 4, "the package calls library ops through the dispatcher"
     x = torch.randn(2, 5, 16)
     write_tensor_file(tmp_path / "inputs.bin", {"x": x})
     result = subprocess.run(

@@ -282,3 +282,34 @@ def test_triton_kernels(dtype: torch.dtype, case, loose: bool, target: str) -> N
     sources = kernel_sources(compiled.program, "triton")
     assert sources and all("tl.float32" in s for s in sources)
     check_against_eager_and_reference(fn, compiled, dtype, TRITON_DEVICE, loose)
+
+
+def _batch_norm(x, weight, bias, running_mean, running_var):
+    return F.batch_norm(x, running_mean, running_var, weight, bias, training=True, momentum=0.5)
+
+
+def _batch_norm_with_update(x, weight, bias, running_mean, running_var):
+    return torch.ops.aten._batch_norm_with_update(x, weight, bias, running_mean, running_var, 0.5, 1e-5)[0]
+
+
+@pytest.mark.parametrize("fn", [_batch_norm, _batch_norm_with_update], ids=["batch_norm", "batch_norm_with_update"])
+@pytest.mark.parametrize("target", ["python", "cpp"])
+@pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
+def test_training_batch_norm_updates_half_running_stats(dtype: torch.dtype, target: str, fn) -> None:
+    """Training-mode batch norm writes its new running stats into the half inputs. torch's meta
+    functions type them float32 where the CPU kernels return the input's dtype, so as a library
+    call the program read half data as float32; decomposed (lowering/decompositions.py) it
+    computes them in float32 and rounds where it copies them back, as eager does."""
+
+    def inputs():
+        torch.manual_seed(1)
+        return [torch.randn(4, 5, 6, dtype=dtype)] + [torch.randn(5, dtype=dtype) for _ in range(3)] + [
+            torch.rand(5, dtype=dtype) + 0.5]
+
+    compiled = wrapgen.compile(fn, inputs(), target=target)
+    ours, theirs = inputs(), inputs()
+    with torch.no_grad():
+        actual, eager = compiled(*ours), fn(*theirs)
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(actual, eager, atol=8 * eps, rtol=8 * eps)
+    torch.testing.assert_close(ours[3:], theirs[3:], atol=8 * eps, rtol=8 * eps)  # the running stats

@@ -56,7 +56,7 @@ def aot_compile(
     from wrapgen.lowering.lower import lower_captured
 
     captured = _capture(model, example_inputs, dynamic)
-    program = optimize(lower_captured(captured))
+    program = optimize(lower_captured(captured), "cpp")
     emitter = CppEmitter()
     source, library = emitter.build(program)
     package = Path(package_path)

@@ -15,7 +15,7 @@ from wrapgen.compiled import CompiledFunction
 from wrapgen.lowering.capture import CapturedGraph, capture
 from wrapgen.lowering.lower import lower_captured
 from wrapgen.specialize import SizeSpecializations
-from wrapgen.wrapper_ir.passes import add_finite_checks, plan_memory, schedule_collectives
+from wrapgen.wrapper_ir.passes import add_finite_checks, partition_graphs, plan_memory, schedule_collectives
 from wrapgen.wrapper_ir.program import Program
 from wrapgen.wrapper_ir.verify import verify
 
@@ -51,14 +51,25 @@ def resolve_target(target: str | None) -> str:
     return name
 
 
-def optimize(program: Program) -> Program:
-    """The configured passes, then the verifier: what every emitter is handed."""
+def optimize(program: Program, target: str | None = None, static_inputs: Sequence[str] = ()) -> Program:
+    """The configured passes, then the verifier: what every emitter is handed.
+
+    `target` picks the CUDA-graph rule for library ops (`cuda_graphs`), `static_inputs` the
+    program inputs the caller keeps at fixed addresses (parameters under torch.compile)."""
     config.snapshot()
     if config.check_finite:
         program = add_finite_checks(program)
     program = schedule_collectives(verify(program), config.overlap_collectives)
     program = plan_memory(verify(program), config.memory_planning)
+    if config.cuda_graphs and not config.sanitize:  # the sanitizer's checks read memory on the host
+        program = partition_for_target(verify(program), target, static_inputs)
     return verify(program)
+
+
+def partition_for_target(program: Program, target: str | None, static_inputs: Sequence[str] = ()) -> Program:
+    """The graph-partition pass with the target's rule for which library ops a graph may hold."""
+    emitter = get_backend(resolve_target(target))
+    return partition_graphs(program, static_inputs, blocker=getattr(emitter, "cuda_graph_op_blocker", None))
 
 
 def _emit(program: Program, target: str) -> CompiledArtifact:
@@ -70,7 +81,7 @@ def _emit(program: Program, target: str) -> CompiledArtifact:
 def build(program: Program, target: str | None = None) -> CompiledArtifact:
     """Optimize and verify `program`, then compile it for `target` (default config.target)."""
     name = resolve_target(target)
-    return _emit(optimize(program), name)
+    return _emit(optimize(program, name), name)
 
 
 def compile(
@@ -94,7 +105,7 @@ def compile(
 
 
 def _compile_captured(captured: CapturedGraph, target: str, name: str = "forward") -> CompiledFunction:
-    program = optimize(lower_captured(captured, name))
+    program = optimize(lower_captured(captured, name), target)
     artifact = _emit(program, target)
     return CompiledFunction(program, artifact, target, captured.in_spec, captured.out_spec, captured.output_kind)
 

@@ -112,6 +112,39 @@ OPTIONS: dict[str, Option] = {
             "(unset: 16, and never in Triton's interpreter, which compiles nothing; 0: never)",
             True,
         ),
+        Option(
+            "cuda_graphs",
+            bool,
+            False,
+            "WRAPGEN_CUDA_GRAPHS",
+            "record the capturable runs of a CUDA program as CUDA graphs (one per distinct size tuple) and replay "
+            "them, so a call costs a few launches instead of one per kernel; CPU programs are unchanged",
+        ),
+        Option(
+            "max_autotune",
+            bool,
+            False,
+            "WRAPGEN_MAX_AUTOTUNE",
+            "matrix products (mm, addmm, bmm) of static sizes become GEMM templates (Triton on GPU, C++ on CPU) "
+            "with the pointwise work that consumes them fused into their epilogue, each chosen against the "
+            "library call by benchmarking at compile time (winners cached on disk)",
+        ),
+        Option(
+            "max_autotune_gemm_backends",
+            str,
+            "aten,template",
+            "WRAPGEN_MAX_AUTOTUNE_GEMM_BACKENDS",
+            "candidates max_autotune measures: aten (the library call), template (generated GEMMs), or both",
+            choices=("aten,template", "template", "aten"),
+        ),
+        Option(
+            "multi_kernel",
+            bool,
+            False,
+            "WRAPGEN_MULTI_KERNEL",
+            "Triton reductions over a dynamic row length get persistent variants (one per power-of-two row "
+            "bucket) beside the looped kernel; each call times them once per bucket and keeps the fastest",
+        ),
     )
 }
 
@@ -127,6 +160,10 @@ sanitize: bool = OPTIONS["sanitize"].parse_env()
 overlap_collectives: bool = OPTIONS["overlap_collectives"].parse_env()
 cpu_huge_pages: bool = OPTIONS["cpu_huge_pages"].parse_env()
 triton_compile_workers_min: int | None = OPTIONS["triton_compile_workers_min"].parse_env()
+cuda_graphs: bool = OPTIONS["cuda_graphs"].parse_env()
+max_autotune: bool = OPTIONS["max_autotune"].parse_env()
+max_autotune_gemm_backends: str = OPTIONS["max_autotune_gemm_backends"].parse_env()
+multi_kernel: bool = OPTIONS["multi_kernel"].parse_env()
 
 _module = sys.modules[__name__]
 

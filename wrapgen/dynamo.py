@@ -27,10 +27,28 @@ def compile_aten_graph(gm: torch.fx.GraphModule, name: str, target: str | None =
     # aot_autograd calls compilers with its fake mode active; the graph's constants (lifted
     # tensor constants, e.g. the 0.0 of `x[:, 1] = 0.0`) are real tensors and stay real.
     with unset_fake_temporarily():
-        program = optimize(lower_captured(capture_aten_graph(gm), name))
-        call = _emit(program, resolve_target(target)).call
+        lowered = lower_captured(capture_aten_graph(gm), name)
+        target = resolve_target(target)
+        program = optimize(lowered, target, _static_inputs(gm, lowered, name) if config.cuda_graphs else ())
+        call = _emit(program, target).call
     call._boxed_call = True  # type: ignore[attr-defined]
     return call
+
+
+def _static_inputs(gm: torch.fx.GraphModule, program: Any, name: str) -> list[str]:
+    """Names of the forward graph's inputs that are parameters and buffers (aot_autograd's
+    static_input_indices): CUDA graphs use them in place, keyed by address, instead of copying
+    them each call. The backward's inputs are activations: none is static there."""
+    if name == "backward":
+        return []
+    context = torch._guards.TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None) if context is not None else None
+    indices = getattr(metadata, "static_input_indices", None) or []
+    placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+    names = program.input_names()
+    if len(placeholders) != len(names):
+        return []
+    return [names[i] for i in indices if 0 <= i < len(names)]
 
 
 def wrapgen_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict[str, Any] | None = None) -> Callable:
@@ -40,8 +58,10 @@ def wrapgen_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dic
 
     from wrapgen.lowering.decompositions import aot_autograd_table
 
-    settings = dict(options or {})
-    config.validate(settings)
+    config.validate(dict(options or {}))
+    # Options are taken now, when dynamo compiles: the backward graph, compiled at the first
+    # backward call (maybe outside a `config.patch` block), gets the same ones as the forward.
+    settings = {**config.snapshot(), **(options or {})}
 
     def compiler(name: str) -> Callable:
         def compile_graph(graph: torch.fx.GraphModule, _inputs: list) -> Callable:

@@ -15,8 +15,10 @@ Tensors anywhere in the sample (input, args, kwargs, lists of tensors) become in
 compiled program; everything else (ints, dtypes, strings, ...) is closed over, as a user's
 program would hold it. Comparison is `torch.testing.assert_close` with NaNs equal, dtypes,
 devices and layouts checked, integer and bool results exact, and float tolerances the
-assert_close defaults raised to the OpInfo's own float32 `toleranceOverride` where it
-declares one for a test that compares against eager or a reference.
+assert_close defaults for the sample dtype raised to the OpInfo's own `toleranceOverride` for
+it where it declares one for a test that compares against eager or a reference. Samples are
+float32 unless a `dtype` says otherwise (bfloat16, float16: see precision.py, which also says
+how half results may match the float32 reference instead of eager).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from wrapgen.errors import LoweringError
 from wrapgen.wrapper_ir import ExternKernel, Program
 
 from .fallbacks import fallback_ops
+from .precision import float_reference, op_tolerance
 
 PASS, FALLBACK, CAPTURE_FAILED, WRONG, CRASH, SKIPPED = "pass", "fallback", "capture failed", "wrong", "crash", "skipped"
 CLASSES = (PASS, FALLBACK, CAPTURE_FAILED, WRONG, CRASH, SKIPPED)
@@ -49,19 +52,15 @@ FAILING = (WRONG, CRASH)
 SEVERITY = {SKIPPED: 0, PASS: 1, FALLBACK: 2, CAPTURE_FAILED: 3, WRONG: 4, CRASH: 5}
 
 CAPTURE_PREFIX = "torch.export could not capture the program"
-DTYPE = torch.float32
+# A half-precision pass (or fallback) that matched the float32 reference, not eager (precision.py).
+FLOAT_REFERENCE_NOTE = "matches the float32 reference, not eager"
+DTYPE = torch.float32  # the default sample dtype (--dtypes picks others)
 DEFAULT_TIMEOUT_S = 120.0
 REASON_CHARS = 200
 _OTHER_SEEDS = (1, 2, 3)
 
 # assert_close's float32 defaults.
 DEFAULT_RTOL, DEFAULT_ATOL = 1.3e-6, 1e-5
-# OpInfo test classes whose float32 tolerance overrides describe "same op, computed another
-# way, compared with eager or a reference" (decomposition, fusion and compiler tests, and the
-# reference/consistency tests); overrides for JIT, autograd, DTensor or MPS tests are not ours.
-_COMPARABLE_TEST_CLASSES = frozenset(
-    {None, "TestCommon", "TestDecomp", "TestEagerFusionOpInfo", "TestInductorOpInfo", "TestUnaryUfuncs", "TestBinaryUfuncs", "TestReductions"}
-)
 
 
 @dataclass(frozen=True)
@@ -105,9 +104,9 @@ def op_database() -> dict[str, Any]:
     return {op_key(op): op for op in op_db}
 
 
-def ops_for(device_type: str) -> list[str]:
-    """Keys of the ops that support float32 on `device_type`, sorted."""
-    return sorted(k for k, op in op_database().items() if DTYPE in op.supported_dtypes(device_type))
+def ops_for(device_type: str, dtype: torch.dtype = DTYPE) -> list[str]:
+    """Keys of the ops that support `dtype` on `device_type`, sorted."""
+    return sorted(k for k, op in op_database().items() if dtype in op.supported_dtypes(device_type))
 
 
 def modes_for(op: Any, modes: Sequence[Mode] = MODES) -> list[Mode]:
@@ -129,13 +128,13 @@ def spread(count: int, limit: int | None) -> list[int]:
     return sorted({round(i * (count - 1) / (limit - 1)) for i in range(limit)})
 
 
-def make_samples(op: Any, device: str, limit: int | None = None) -> list[tuple[int, Any]]:
-    """(index, sample) for `limit` of the op's float32 samples on `device`, spread over all of
+def make_samples(op: Any, device: str, limit: int | None = None, dtype: torch.dtype = DTYPE) -> list[tuple[int, Any]]:
+    """(index, sample) for `limit` of the op's `dtype` samples on `device`, spread over all of
     them (the same ones on every call: the generator is seeded)."""
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        generator = iter(op.sample_inputs(device, DTYPE, requires_grad=False))
+        generator = iter(op.sample_inputs(device, dtype, requires_grad=False))
         try:
             samples = [next(generator)] if limit == 1 else list(generator)
         except StopIteration:
@@ -150,24 +149,10 @@ def make_samples(op: Any, device: str, limit: int | None = None) -> list[tuple[i
 
 
 @functools.cache
-def tolerances(key: str, device_type: str) -> tuple[float, float]:
-    """(rtol, atol) for the op's float results: assert_close's defaults, raised to the
-    OpInfo's float32 toleranceOverride for comparable tests where it declares one."""
-    from torch.testing._internal.common_device_type import toleranceOverride
-    from torch.testing._internal.opinfo.core import DecorateInfo
-
-    rtol, atol = DEFAULT_RTOL, DEFAULT_ATOL
-    for info in op_database()[key].decorators:
-        if not isinstance(info, DecorateInfo) or not info.active_if:
-            continue
-        if info.cls_name not in _COMPARABLE_TEST_CLASSES or "mps" in (info.test_name or ""):
-            continue
-        if info.device_type not in (None, device_type) or (info.dtypes is not None and DTYPE not in info.dtypes):
-            continue
-        for decorator in info.decorators:
-            if isinstance(decorator, toleranceOverride) and DTYPE in decorator.d:
-                rtol, atol = max(rtol, decorator.d[DTYPE].rtol), max(atol, decorator.d[DTYPE].atol)
-    return rtol, atol
+def tolerances(key: str, device_type: str, dtype: torch.dtype = DTYPE) -> tuple[float, float]:
+    """(rtol, atol) for the op's float results in `dtype` samples: assert_close's defaults for
+    the dtype, raised to the OpInfo's toleranceOverride for it in comparable tests."""
+    return op_tolerance(op_database()[key], device_type, dtype)
 
 
 # -- samples as programs --------------------------------------------------------------------
@@ -412,8 +397,11 @@ def run_target(
     dynamic: bool,
     tolerance: tuple[float, float],
     timeout: float | None = DEFAULT_TIMEOUT_S,
+    reference: Callable[[], tuple[Any, list] | None] | None = None,
 ) -> Outcome:
-    """Compile the sample for `target`, run it on fresh inputs, and classify the result."""
+    """Compile the sample for `target`, run it on fresh inputs, and classify the result; a
+    result that differs from eager's may still match `reference()` (half precision: the float32
+    reference, see precision.py)."""
     rtol, atol = tolerance
     stage = "compile"
     try:
@@ -429,27 +417,46 @@ def run_target(
     if randoms:
         return Outcome(SKIPPED, f"nondeterministic: the program calls random ops ({', '.join(randoms)})")
     mismatch = compare_run(actual, expected, rtol, atol)
+    note = ""
     if mismatch is not None:
-        return Outcome(WRONG, mismatch)
+        wide = reference() if reference is not None else None
+        if wide is None or compare_run(actual, wide, rtol, atol) is not None:
+            both = "differs from eager and from the float32 reference; eager: " if wide is not None else ""
+            return Outcome(WRONG, one_line(both + mismatch, 2 * REASON_CHARS))
+        note = FLOAT_REFERENCE_NOTE
     fallbacks = fallback_ops(compiled.program)
-    return Outcome(FALLBACK, ", ".join(fallbacks), fallbacks) if fallbacks else Outcome(PASS)
+    if fallbacks:
+        return Outcome(FALLBACK, ", ".join(fallbacks) + (f" ({note})" if note else ""), fallbacks)
+    return Outcome(PASS, note)
 
 
 @dataclass
 class PreparedSample:
-    """A sample ready to compile: the program, eager's result and the tolerances to compare with."""
+    """A sample ready to compile: the program, eager's result and the tolerances to compare with
+    (and, for half samples, the float32 reference, computed the first time a target needs it)."""
 
     program: SampleProgram
     expected: tuple[Any, list]
     tolerance: tuple[float, float]
     dynamic: bool
+    dtype: torch.dtype = DTYPE
 
     def run(self, target: str, timeout: float | None = DEFAULT_TIMEOUT_S) -> Outcome:
-        return run_target(self.program, self.expected, target, self.dynamic, self.tolerance, timeout)
+        return run_target(self.program, self.expected, target, self.dynamic, self.tolerance, timeout, self.reference)
+
+    @functools.cached_property
+    def wide(self) -> tuple[Any, list] | None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return float_reference(self.program, self.program.fresh_inputs(), self.expected, self.dtype)
+
+    def reference(self) -> tuple[Any, list] | None:
+        return self.wide
 
 
 def prepare_sample(
-    key: str, sample: Any, mode: Mode, device_type: str, timeout: float | None = DEFAULT_TIMEOUT_S
+    key: str, sample: Any, mode: Mode, device_type: str, timeout: float | None = DEFAULT_TIMEOUT_S,
+    dtype: torch.dtype = DTYPE,
 ) -> PreparedSample | Outcome:
     """Run eager on the sample; a skipped Outcome when it cannot be compared."""
     op = op_database()[key]
@@ -469,7 +476,7 @@ def prepare_sample(
             reason = one_line(f"eager raised {type(err).__name__}: {err}")
     if reason is not None:
         return Outcome(SKIPPED, reason)
-    return PreparedSample(program, expected, tolerances(key, device_type), mode.dynamic)
+    return PreparedSample(program, expected, tolerances(key, device_type, dtype), mode.dynamic, dtype)
 
 
 def run_sample(
@@ -479,9 +486,10 @@ def run_sample(
     targets: Sequence[str],
     device_type: str,
     timeout: float | None = DEFAULT_TIMEOUT_S,
+    dtype: torch.dtype = DTYPE,
 ) -> dict[str, Outcome]:
-    """Classify one sample in one mode for each target (eager runs once, for all of them)."""
-    prepared = prepare_sample(key, sample, mode, device_type, timeout)
+    """Classify one sample (of `dtype`) in one mode for each target (eager runs once, for all of them)."""
+    prepared = prepare_sample(key, sample, mode, device_type, timeout, dtype)
     if isinstance(prepared, Outcome):
         return {t: prepared for t in targets}
     with warnings.catch_warnings():

@@ -3,6 +3,9 @@
 A known failure is reported as such (pytest: a strict xfail; the full run: "known"); an entry
 whose op no longer fails is flagged (XPASS, "stale") so the list stays honest — delete it then.
 Keys are OpInfo keys (`name` or `name.variant_test_name`, as `harness.op_key` prints them).
+An entry covers every sample dtype (float32, bfloat16, float16) unless its `dtypes` names some;
+HALF_FAILURES holds the ones only half precision shows (for bf16/fp16 its entry replaces the
+op's entry here).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ ALL_MODES = ("static", "dynamic", "inplace-static", "inplace-dynamic")
 STATIC = ("static", "inplace-static")
 DYNAMIC = ("dynamic", "inplace-dynamic")
 OP = ("static", "dynamic")
+HALF = ("bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,7 @@ class Known:
     targets: tuple[str, ...] | None = None  # None: every target
     devices: tuple[str, ...] | None = None  # None: every device
     samples: tuple[int, ...] | None = None  # sample indices that fail; None: any may
+    dtypes: tuple[str, ...] | None = None  # sample dtypes ("float32", "bfloat16", "float16"); None: every one
 
 
 KNOWN_FAILURES: dict[str, Known] = {
@@ -68,12 +73,22 @@ KNOWN_FAILURES: dict[str, Known] = {
     },
 }
 
+# Failures only bf16/fp16 samples show. For those dtypes an entry here replaces the op's entry
+# in KNOWN_FAILURES (repeat what still applies).
+HALF_FAILURES: dict[str, Known] = {}
 
-def known_failure(key: str, mode: str, target: str, device: str, samples: Iterable[int] | None = None) -> Known | None:
-    """The entry for `key` that covers this mode, target and device (and, when the entry names
-    sample indices and `samples` says which ran, one of those), if any."""
-    entry = KNOWN_FAILURES.get(key)
+
+def known_failure(
+    key: str, mode: str, target: str, device: str, samples: Iterable[int] | None = None, dtype: str = "float32"
+) -> Known | None:
+    """The entry for `key` that covers this mode, target, device and sample dtype (and, when the
+    entry names sample indices and `samples` says which ran, one of those), if any."""
+    entry = HALF_FAILURES.get(key) if dtype in HALF else None
+    if entry is None or (entry.dtypes is not None and dtype not in entry.dtypes):
+        entry = KNOWN_FAILURES.get(key)
     if entry is None or mode not in entry.modes:
+        return None
+    if entry.dtypes is not None and dtype not in entry.dtypes:
         return None
     if entry.targets is not None and target not in entry.targets:
         return None
@@ -85,13 +100,14 @@ def known_failure(key: str, mode: str, target: str, device: str, samples: Iterab
 
 
 def verdict(
-    key: str, mode: str, target: str, device: str, failing: dict[int, str], ran: Iterable[int] | None = None
+    key: str, mode: str, target: str, device: str, failing: dict[int, str], ran: Iterable[int] | None = None,
+    dtype: str = "float32",
 ) -> tuple[str, Known | None]:
     """How an op's failures in a mode (`failing`: sample index -> wrong/crash) compare with the
     list, given the sample indices that ran: "ok" (no failure, none expected), "known",
     "unexpected" (not listed, another kind, or another sample than listed), or "stale" (listed,
     but it did not fail)."""
-    entry = known_failure(key, mode, target, device, ran)
+    entry = known_failure(key, mode, target, device, ran, dtype)
     if entry is None:
         return ("unexpected" if failing else "ok"), None
     if not failing:

@@ -1,4 +1,4 @@
-"""Aggregate per-sample results and write `conformance-<device>-<target>.md`."""
+"""Aggregate per-sample results and write `conformance-<device>-<target>[-<dtype>].md`."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .harness import CAPTURE_FAILED, CLASSES, CRASH, FAILING, FALLBACK, SKIPPED, WRONG, worst
-from .known_failures import KNOWN_FAILURES, Known, verdict
+from .harness import CAPTURE_FAILED, CLASSES, CRASH, FAILING, FALLBACK, FLOAT_REFERENCE_NOTE, SKIPPED, WRONG, worst
+from .known_failures import HALF_FAILURES, KNOWN_FAILURES, Known, verdict
+from .precision import default_tolerance, dtype_of
 
 
 @dataclass(frozen=True)
 class Result:
-    """One sample of one op in one mode for one target on one device (`index` -1: the op's
-    samples could not be made)."""
+    """One sample (of `dtype`) of one op in one mode for one target on one device (`index` -1:
+    the op's samples could not be made)."""
 
     device: str
     target: str
@@ -26,6 +27,7 @@ class Result:
     cls: str
     reason: str = ""
     fallbacks: tuple[str, ...] = ()
+    dtype: str = "float32"
 
 
 @dataclass
@@ -85,12 +87,12 @@ def summarize(results: Iterable[Result]) -> dict[tuple[str, str], OpSummary]:
     return summaries
 
 
-def judge(summaries: dict[tuple[str, str], OpSummary], target: str, device: str) -> Verdicts:
+def judge(summaries: dict[tuple[str, str], OpSummary], target: str, device: str, dtype: str = "float32") -> Verdicts:
     """Hold each op's failures against the known-failures list; entries for ops that ran and
     did not fail are stale."""
     out = Verdicts()
     for (op, mode), summary in sorted(summaries.items()):
-        status, entry = verdict(op, mode, target, device, summary.failing, summary.ran)
+        status, entry = verdict(op, mode, target, device, summary.failing, summary.ran, dtype)
         if status == "known":
             out.known.append((summary, entry))
         elif status == "unexpected":
@@ -122,22 +124,33 @@ def render(
     header: dict[str, str],
     modes: Sequence[str],
     coverage: Coverage | None = None,
+    dtype: str = "float32",
 ) -> tuple[str, Verdicts]:
-    """The markdown report for one device and target, and its verdicts (an op that was cut
-    off cannot be stale: its failing samples may be among those that did not run)."""
+    """The markdown report for one device, target and sample dtype, and its verdicts (an op
+    that was cut off cannot be stale: its failing samples may be among those that did not run)."""
     coverage = coverage or Coverage()
     summaries = summarize(results)
-    verdicts = judge(summaries, target, device)
+    verdicts = judge(summaries, target, device, dtype)
     verdicts.stale = [v for v in verdicts.stale if v[0] not in set(coverage.cut_off)]
     known_ids = {(s.op, s.mode) for s, _ in verdicts.known}
-    lines = [f"# wrapgen conformance: {device} / {target}", ""]
+    title = f"{device} / {target}" + ("" if dtype == "float32" else f" / {dtype}")
+    lines = [f"# wrapgen conformance: {title}", ""]
     lines += [f"- {k}: {v}" for k, v in header.items()]
     lines += [
         "",
-        "Each float32 OpInfo sample, compiled with `wrapgen.compile` and compared with eager "
+        f"Each {dtype} OpInfo sample, compiled with `wrapgen.compile` and compared with eager "
         "(`tests/conformance/harness.py` defines the classes; `tests/conformance/fallbacks.py` what counts "
         "as a fallback). An op's class in a mode is the worst class among its samples.",
         "",
+        *([] if dtype == "float32" else [
+            f"Tolerances: assert_close's {dtype} defaults (rtol {default_tolerance(dtype_of(dtype))[0]:g}, atol "
+            f"{default_tolerance(dtype_of(dtype))[1]:g}), raised to the OpInfo's own {dtype} `toleranceOverride` where "
+            "it has one. wrapgen's kernels compute in float32 and round once where they store, where eager rounds "
+            "after every kernel it runs, so a result passes when it matches eager *or* the float32 reference "
+            f"(the sample run on float32 copies of its {dtype} tensors, rounded back: the oracle of Inductor's "
+            "CPU OpInfo tests) within them; `tests/conformance/precision.py` says more.",
+            "",
+        ]),
         f"**Unexpected wrong/crash: {len(verdicts.unexpected)}** · known failures (xfail): {len(verdicts.known)} "
         f"· stale known-failure entries (now pass): {len(verdicts.stale)}"
         f" · **ops not run: {len(coverage.not_run)}** · ops cut off part way: {len(coverage.cut_off)}",
@@ -182,6 +195,8 @@ def render(
     failing_section("Wrong", WRONG, "Our result differs from eager's.")
     failing_section("Crash", CRASH, "wrapgen raised, or timed out, on a program torch.export captured.")
     failing_section("Capture failed", CAPTURE_FAILED, "torch.export could not trace the sample: torch's limit, counted apart.")
+    if dtype != "float32":
+        _reference_section(lines, results)
 
     lines.extend(["", f"## Stale known failures ({len(verdicts.stale)})", ""])
     if verdicts.stale:
@@ -220,6 +235,16 @@ def render(
         lines.append(f"| `{name}` | {len(users)} |")
     _timing_section(lines, coverage)
     return "\n".join(lines) + "\n", verdicts
+
+
+def _reference_section(lines: list[str], results: Sequence[Result]) -> None:
+    """Half samples that passed against the float32 reference but differ from eager by more
+    than the tolerance (eager's rounding of intermediates), so a reader sees how many."""
+    matched = sorted({f"`{r.op}` ({r.mode})" for r in results if FLOAT_REFERENCE_NOTE in r.reason})
+    lines.extend(["", f"## Matched the float32 reference, not eager ({len(matched)} op-modes)", ""])
+    lines.append("Counted as pass / fallback: within the tolerances of the sample run in float32 and rounded back "
+                 "once, as wrapgen's kernels compute it, but not of eager, which rounds after each kernel.")
+    lines.extend(["", ", ".join(matched) if matched else "None."])
 
 
 def _op_list(ops: Sequence[str]) -> str:
@@ -262,3 +287,8 @@ def write_report(path: Path, text: str) -> None:
 def known_entries_not_run(ran_ops: set[str]) -> list[str]:
     """Known-failure keys that name no op of the run (typos, renamed OpInfos)."""
     return sorted(k for k in KNOWN_FAILURES if k not in ran_ops)
+
+
+def half_entries_not_run(ran_ops: set[str]) -> list[str]:
+    """HALF_FAILURES keys that name no op of a half-precision run."""
+    return sorted(k for k in HALF_FAILURES if k not in ran_ops)

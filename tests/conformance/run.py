@@ -1,11 +1,12 @@
 """The full conformance run: every OpInfo op, every registered target, every mode.
 
     python -m tests.conformance.run [--ops 'add*' ...] [--max-samples N] [--jobs N]
-                                    [--budget-s SECONDS] [--shard i/n]
+                                    [--budget-s SECONDS] [--shard i/n] [--dtypes bfloat16 float16]
     python -m tests.conformance.run --from-json a.jsonl [b.jsonl ...]   # re-judge; merge shards
 
-writes `benchmarks/results/conformance-<device>-<target>.md` (`...<target>.shard-i-of-n.md`
-for a shard) and exits 1 when a *wrong* or *crash* is not in known_failures.py or an entry
+writes `benchmarks/results/conformance-<device>-<target>.md` for float32 samples and
+`conformance-<device>-<target>-<dtype>.md` for bfloat16 / float16 ones
+(`...shard-i-of-n.md` for a shard) and exits 1 when a *wrong* or *crash* is not in known_failures.py or an entry
 there no longer fails, 3 when the run is otherwise clean but did not finish every op.
 
 Samples run in worker processes (worker.py), one op at a time, handed out by a supervisor
@@ -29,7 +30,8 @@ import time
 from pathlib import Path
 
 from . import schedule
-from .journal import Journal, JournalWriter, load
+from .journal import Journal, JournalWriter, lane, load
+from .precision import DEFAULT_DTYPE, DTYPES
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "benchmarks" / "results"
@@ -43,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--devices", nargs="*", help="devices (default: cpu, and cuda when available)")
     p.add_argument("--ops", nargs="*", help="fnmatch patterns of OpInfo keys (default: all)")
     p.add_argument("--modes", nargs="*", help="static dynamic inplace-static inplace-dynamic (default: all)")
+    p.add_argument("--dtypes", nargs="+", default=[DEFAULT_DTYPE], choices=list(DTYPES),
+                   help="sample dtypes, each a report of its own (default: float32)")
     p.add_argument("--max-samples", type=int, default=0, help="samples per op and mode, 0 = every sample")
     p.add_argument("--jobs", type=int, help="worker processes (default: one per CPU; at most 8 with CUDA)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per sample and target")
@@ -103,25 +107,27 @@ def plan(args: argparse.Namespace, argv: list[str] | None) -> tuple[dict, list[d
         cpus = os.cpu_count() or 1
         args.jobs = min(cpus, 8) if any(d.startswith("cuda") for d in device_list) else cpus
     costs = schedule.load_costs(args.costs)
+    dtypes = list(dict.fromkeys(args.dtypes))
     tasks: list[dict] = []
     for device in device_list:
-        keys = ops_for(device.split(":")[0])
-        if args.ops:
-            keys = [k for k in keys if any(fnmatch.fnmatchcase(k, p) for p in args.ops)]
-        tasks += [
-            {"device": device, "op": k, "targets": targets, "modes": modes, "max_samples": args.max_samples,
-             "timeout": args.timeout, "skip": []}
-            for k in keys
-        ]
+        for dtype in dtypes:
+            keys = ops_for(device.split(":")[0], DTYPES[dtype])
+            if args.ops:
+                keys = [k for k in keys if any(fnmatch.fnmatchcase(k, p) for p in args.ops)]
+            tasks += [
+                {"device": device, "op": k, "targets": targets, "modes": modes, "max_samples": args.max_samples,
+                 "timeout": args.timeout, "dtype": dtype, "skip": []}
+                for k in keys
+            ]
     ordered = schedule.order(list(dict.fromkeys(t["op"] for t in tasks)), costs)
     rank = {op: i for i, op in enumerate(ordered)}
-    tasks.sort(key=lambda t: (rank[t["op"]], device_list.index(t["device"])))
+    tasks.sort(key=lambda t: (rank[t["op"]], device_list.index(t["device"]), dtypes.index(t["dtype"])))
     if args.shard:
         tasks = schedule.take_shard(tasks, *args.shard)
-    planned: dict[str, dict[str, list[str]]] = {d: {} for d in device_list}
+    planned: dict[str, dict[str, list[str]]] = {lane(d, dt): {} for d in device_list for dt in dtypes}
     for t in tasks:
         op_modes = modes_for(op_database()[t["op"]], [MODE_BY_NAME[m] for m in modes])
-        planned[t["device"]][t["op"]] = [m.name for m in op_modes]
+        planned[lane(t["device"], t["dtype"])][t["op"]] = [m.name for m in op_modes]
     info = {
         "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "machine": f"{platform.node() or 'unknown'}, {platform.machine()}, {os.cpu_count()} CPUs",
@@ -131,6 +137,7 @@ def plan(args: argparse.Namespace, argv: list[str] | None) -> tuple[dict, list[d
         "targets": targets,
         "devices": device_list,
         "modes": modes,
+        "dtypes": dtypes,
         "ops": args.ops,
         "max_samples": args.max_samples,
         "jobs": args.jobs,
@@ -149,7 +156,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None, began: float) -> Jour
     json_path = args.json or DEFAULT_JSON.with_name(f"results{_suffix(args.shard)}.jsonl")
     writer = JournalWriter(json_path, info)
     print(f"conformance: {len(tasks)} ops x {len(info['targets'])} target(s) {info['targets']} on {info['devices']}, "
-          f"modes {info['modes']}, "
+          f"dtypes {info['dtypes']}, modes {info['modes']}, "
           f"{'every sample' if not args.max_samples else f'up to {args.max_samples} samples'} per op, "
           f"{args.jobs} worker(s)"
           + (f", budget {args.budget_s:g} s" if args.budget_s else "")
@@ -180,22 +187,25 @@ def _run(args: argparse.Namespace, argv: list[str] | None, began: float) -> Jour
 
 
 def write_reports(args: argparse.Namespace, journal: Journal, quiet: bool = False) -> int:
-    """Write one report per device and target; the exit status the run's verdicts call for."""
-    from .report import Coverage, known_entries_not_run, render, write_report
+    """Write one report per device, sample dtype and target; the exit status the run's verdicts call for."""
+    from .report import Coverage, half_entries_not_run, known_entries_not_run, render, write_report
 
     info = journal.info
     status = 0
     incomplete = False
     shard = info.get("shard") if len(info.get("shards", [info.get("shard")])) <= 1 else None
-    for device in info["devices"]:
-        not_run, cut_off = journal.unfinished(device)
+    dtypes = info.get("dtypes") or [DEFAULT_DTYPE]
+    for device, dtype in [(d, dt) for d in info["devices"] for dt in dtypes]:
+        not_run, cut_off = journal.unfinished(device, dtype)
         incomplete = incomplete or bool(not_run or cut_off)
-        coverage = Coverage(journal.planned(device), not_run, cut_off,
-                            {op: s for (d, op), s in journal.done.items() if d == device}, journal.workers)
+        coverage = Coverage(journal.planned(device, dtype), not_run, cut_off,
+                            {op: s for (d, op), s in journal.done.items() if d == lane(device, dtype)}, journal.workers)
         for target in info["targets"]:
-            mine = [r for r in journal.results if r.device == device and r.target == target]
-            text, verdicts = render(mine, device, target, _header(info, device, coverage), info["modes"], coverage)
-            path = args.out / f"conformance-{device.replace(':', '')}-{target}{_suffix(shard)}.md"
+            mine = [r for r in journal.results if r.device == device and r.target == target and r.dtype == dtype]
+            text, verdicts = render(mine, device, target, _header(info, device, coverage, dtype), info["modes"],
+                                    coverage, dtype)
+            named = "" if dtype == DEFAULT_DTYPE else f"-{dtype}"
+            path = args.out / f"conformance-{device.replace(':', '')}-{target}{named}{_suffix(shard)}.md"
             write_report(path, text)
             if verdicts.unexpected or verdicts.stale:
                 status = 1
@@ -208,7 +218,9 @@ def write_reports(args: argparse.Namespace, journal: Journal, quiet: bool = Fals
             for op, mode, _ in verdicts.stale:
                 print(f"  stale: {op} ({mode})", file=sys.stderr)
     if not info.get("ops") and not shard and not incomplete:
-        missing = known_entries_not_run({r.op for r in journal.results})
+        ran = {r.op for r in journal.results}
+        missing = known_entries_not_run(ran) if DEFAULT_DTYPE in dtypes else []
+        missing += half_entries_not_run(ran) if set(dtypes) - {DEFAULT_DTYPE} else []
         if missing:
             if not quiet:
                 print(f"known_failures.py names ops that did not run: {missing}", file=sys.stderr)
@@ -216,14 +228,14 @@ def write_reports(args: argparse.Namespace, journal: Journal, quiet: bool = Fals
     return status or (3 if incomplete else 0)
 
 
-def _header(info: dict, device: str, coverage) -> dict[str, str]:
+def _header(info: dict, device: str, coverage, dtype: str = DEFAULT_DTYPE) -> dict[str, str]:
     shards = [s for s in info.get("shards", []) if s]
     stopped = info.get("stopped", "")
     return {
         "date": info["date"],
         "machine": info["machine"] + (f", {info['cuda'][device]}" if device in info.get("cuda", {}) else ""),
         "versions": info["versions"],
-        "ops": f"{len(coverage.planned)} OpInfo ops with float32 support on {device}"
+        "ops": f"{len(coverage.planned)} OpInfo ops with {dtype} support on {device}"
         + (f" matching {' '.join(info['ops'])}" if info.get("ops") else "")
         + (f" (shard {info['shard'][0]} of {info['shard'][1]})" if info.get("shard") and len(shards) <= 1 else "")
         + (f" (merged from {len(shards)} shards)" if len(shards) > 1 else ""),
@@ -265,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         journal = load(args.from_json)
         if not journal.info:
             raise SystemExit(f"{args.from_json}: no run record")
-        complete = not any(any(journal.unfinished(d)) for d in journal.info["devices"])
+        complete = not any(any(journal.unfinished(d, dt)) for d in journal.info["devices"]
+                           for dt in journal.info.get("dtypes") or [DEFAULT_DTYPE])
         if complete:
             journal.info["stopped"] = "finished"
         elif len(journal.ends) == len(args.from_json):

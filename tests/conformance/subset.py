@@ -52,6 +52,25 @@ TRITON_SUBSET: tuple[str, ...] = tuple(
     }
 ) + ("nn.functional.softmin", "_softmax_backward_data", "nn.functional.multi_margin_loss", "masked.mean")
 
+# Half precision (bf16 and fp16 samples: `make test`'s slice of --dtypes bfloat16 float16). Ops
+# whose programs are generated kernels that load halves into float32 and round at the store
+# (pointwise chains, casts, reductions with float32 accumulators, normalizations, gathers, a
+# concatenation), a library call and an in-place update of a half input: C++ kernels (through
+# the python target, and the C++ target for a few), and Triton kernels (on the CPU under
+# Triton's interpreter), each case in both dtypes. (target, cpu_kernels, mode, ops):
+HALF_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
+HALF_SUBSET: tuple[str, ...] = (
+    "nn.functional.gelu", "add", "where", "sum", "amax", "softmax", "nn.functional.layer_norm",
+    "index_select", "cat", "to", "mm", "_native_batch_norm_legit",
+)
+HALF_CASES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("python", "cpp", "static", HALF_SUBSET),
+    ("python", "cpp", "dynamic", ("add", "softmax")),
+    ("python", "cpp", "inplace-static", ("mul",)),
+    ("cpp", "cpp", "static", ("softmax", "index_select", "to", "item")),
+    ("python", "triton", "static", ("nn.functional.gelu", "where", "sum", "nn.functional.layer_norm", "index_select", "to")),
+)
+
 # Memory planning's other modes (the default, reuse, runs with every op above): ops whose
 # programs hold views, aliases, several outputs, data-dependent sizes and library calls.
 PLANNING_MODES: tuple[str, ...] = ("none", "pooled")

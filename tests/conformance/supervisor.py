@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .journal import JournalWriter
+from .journal import JournalWriter, lane
 from .report import Result
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ class Settings:
 @dataclass
 class Outcome:
     results: dict[tuple, Result] = field(default_factory=dict)
-    done: dict[tuple[str, str], float] = field(default_factory=dict)  # (device, op) -> seconds
+    done: dict[tuple[str, str], float] = field(default_factory=dict)  # (lane, op) -> seconds
     startups: list[dict[str, float]] = field(default_factory=list)
     stopped: str = "finished"
     log_dir: Path | None = None
@@ -107,6 +107,10 @@ class Worker:
             pass
 
 
+def _dtype(task: dict) -> str:
+    return task.get("dtype", "float32")
+
+
 def _died(returncode: int | None) -> str:
     if returncode is not None and returncode < 0:
         return f"worker process died ({signal.Signals(-returncode).name})"
@@ -143,21 +147,22 @@ def supervise(
     counts: collections.Counter = collections.Counter()
 
     def record(task: dict, mode: str, index: int, target: str, cls: str, reason: str, fallbacks=()) -> None:
-        r = Result(task["device"], target, task["op"], mode, index, cls, reason, tuple(fallbacks))
-        results[(r.device, r.target, r.op, r.mode, r.index)] = r
+        r = Result(task["device"], target, task["op"], mode, index, cls, reason, tuple(fallbacks), _dtype(task))
+        results[(r.device, r.dtype, r.target, r.op, r.mode, r.index)] = r
         journal.result(r)
         counts[cls] += 1
 
     def finish(task: dict, seconds: float) -> None:
-        outcome.done[(task["device"], task["op"])] = seconds
-        journal.op_done(task["device"], task["op"], seconds)
+        outcome.done[(lane(task["device"], _dtype(task)), task["op"])] = seconds
+        journal.op_done(task["device"], task["op"], seconds, _dtype(task))
         if progress:
             progress.update(1)
             progress.set_postfix(wrong=counts["wrong"], crash=counts["crash"], refresh=False)
 
     def have(task: dict) -> list[list]:
         """[mode, index, target] of the task's results so far."""
-        return [[m, i, t] for (d, t, o, m, i) in results if d == task["device"] and o == task["op"]]
+        return [[m, i, t] for (d, dt, t, o, m, i) in results
+                if d == task["device"] and dt == _dtype(task) and o == task["op"]]
 
     def out_of_time() -> bool:
         return settings.deadline is not None and time.monotonic() >= settings.deadline
@@ -188,7 +193,7 @@ def supervise(
                 # A worker that exits or hangs while eager runs is the harness's own failure.
                 eager_crashed = returncode is not None and returncode < 0 and not worker.hung
                 for target in targets:
-                    if (task["device"], target, task["op"], flight["mode"], flight["index"]) not in results:
+                    if (task["device"], _dtype(task), target, task["op"], flight["mode"], flight["index"]) not in results:
                         if eager_crashed:
                             record(task, flight["mode"], flight["index"], target, "skipped", f"eager: {why}")
                         else:

@@ -40,11 +40,14 @@ from .harness import (
     run_sample,
 )
 from .journal import load
-from .known_failures import ALL_MODES, KNOWN_FAILURES, known_failure, verdict
+from .known_failures import ALL_MODES, HALF_FAILURES, KNOWN_FAILURES, known_failure, verdict
+from .precision import DTYPES, float_reference, op_tolerance
 from .subset import (
     FAST_INPLACE,
     FAST_MODES,
     FAST_SUBSET,
+    HALF_CASES,
+    HALF_DTYPES,
     PLANNING_MODES,
     PLANNING_SUBSET,
     SAMPLES_PER_OP,
@@ -57,8 +60,8 @@ class KnownFailure(AssertionError):
 
 
 @functools.cache
-def _samples(key: str, device: str) -> tuple:
-    return tuple(make_samples(op_database()[key], device, SAMPLES_PER_OP))
+def _samples(key: str, device: str, dtype: str = "float32") -> tuple:
+    return tuple(make_samples(op_database()[key], device, SAMPLES_PER_OP, DTYPES[dtype]))
 
 
 def _cases() -> list:
@@ -97,6 +100,44 @@ def test_op(device: str, target: str, key: str, mode: str, options: dict) -> Non
     raise AssertionError(f"{key} ({mode}, {target}, {device}):\n{report}")
 
 
+def _half_cases() -> list:
+    """bf16/fp16 samples (subset.HALF_CASES): on the CPU, C++ kernels, and Triton kernels under
+    Triton's interpreter (where it runs); on CUDA the kernels are Triton's whichever
+    `cpu_kernels` says, so the Triton cases would repeat the others there and are left out."""
+    params = []
+    interpreted = compat.available() and compat.interpreting()
+    for device in devices():
+        for dtype in HALF_DTYPES:
+            cases = [(target, key, mode, kernels) for target, kernels, mode, keys in HALF_CASES for key in keys
+                     if kernels != "triton" or (device == "cpu" and interpreted)]
+            for target, key, mode, kernels in cases:
+                ran = [i for i, _ in _samples(key, device, dtype)]
+                entry = known_failure(key, mode, target, device, ran, dtype)
+                marks = [pytest.mark.xfail(reason=entry.reason, raises=KnownFailure, strict=True)] if entry else []
+                name = "-".join([device, dtype, target, f"{kernels}_kernels", mode, key])
+                params.append(pytest.param(device, dtype, target, key, mode, kernels, id=name, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize(("device", "dtype", "target", "key", "mode", "kernels"), _half_cases())
+def test_op_half(device: str, dtype: str, target: str, key: str, mode: str, kernels: str) -> None:
+    """One op's bf16/fp16 sample in one mode, with C++ or Triton kernels (`cpu_kernels` picks
+    them on the CPU; on CUDA the kernels are Triton's either way)."""
+    samples = _samples(key, device, dtype)
+    assert samples, f"{key} has no {dtype} samples on {device}"
+    with wrapgen.config.patch(cpu_kernels=kernels):
+        outcomes = [(i, run_sample(key, s, MODE_BY_NAME[mode], [target], device, dtype=DTYPES[dtype])[target])
+                    for i, s in samples]
+    failures = [(i, o) for i, o in outcomes if o.cls in FAILING]
+    if not failures:
+        return
+    report = "\n".join(f"  sample #{i}: {o.cls}: {o.reason}" for i, o in failures)
+    status, _ = verdict(key, mode, target, device, {i: o.cls for i, o in failures}, [i for i, _ in samples], dtype)
+    if status == "known":
+        raise KnownFailure(f"{key} ({mode}, {target}, {device}, {dtype}), as listed:\n{report}")
+    raise AssertionError(f"{key} ({mode}, {target}, {device}, {dtype}):\n{report}")
+
+
 # -- the suite's own pieces -------------------------------------------------------------------
 
 
@@ -105,15 +146,22 @@ def test_subset_names_existing_ops() -> None:
     assert not [k for k in FAST_SUBSET + FAST_INPLACE + TRITON_SUBSET + PLANNING_SUBSET if k not in ops]
     assert len(set(FAST_SUBSET)) == len(FAST_SUBSET)
     assert all(ops[k].inplace_variant is not None for k in FAST_INPLACE)
+    for _target, _kernels, mode, keys in HALF_CASES:
+        assert not [k for k in keys if k not in ops]
+        assert all(DTYPES[d] in ops[k].supported_dtypes("cpu") for k in keys for d in HALF_DTYPES)
+        assert mode.startswith("inplace") <= all(ops[k].inplace_variant is not None for k in keys)
 
 
 def test_known_failures_are_well_formed() -> None:
     ops = op_database()
-    for key, entry in KNOWN_FAILURES.items():
+    for key, entry in [*KNOWN_FAILURES.items(), *HALF_FAILURES.items()]:
         assert key in ops, f"known_failures.py: {key!r} is no OpInfo op"
         assert entry.reason.strip(), key
         assert set(entry.kinds) <= set(FAILING) and entry.kinds, key
         assert set(entry.modes) <= set(ALL_MODES) and entry.modes, key
+        assert entry.dtypes is None or (entry.dtypes and set(entry.dtypes) <= set(DTYPES)), key
+    for key, entry in HALF_FAILURES.items():
+        assert entry.dtypes is None or "float32" not in entry.dtypes, key
 
 
 def test_classes_are_distinct() -> None:
@@ -191,6 +239,90 @@ def test_known_failure_verdicts() -> None:
     assert verdict("masked_select", "static", "python", "cpu", {0: CRASH}, [0, 2])[0] == "unexpected"
     assert verdict("masked_select", "static", "python", "cpu", {}, [0])[0] == "ok"
     assert verdict("masked_select", "static", "python", "cpu", {}, [0, 3])[0] == "stale"
+
+
+def test_half_tolerances_are_pytorchs() -> None:
+    """assert_close's per-dtype defaults, raised to the OpInfo's own override for that dtype."""
+    sin = op_database()["sin"]
+    assert op_tolerance(sin, "cpu", torch.float32) == (1.3e-6, 1e-5)
+    assert op_tolerance(sin, "cpu", torch.bfloat16) == (1.6e-2, 1e-5)
+    assert op_tolerance(sin, "cpu", torch.float16) == (1e-3, 1e-5)
+    assert op_tolerance(op_database()["addmv"], "cpu", torch.float16) == (3e-3, 1e-5)  # TestCommon's override
+    assert op_tolerance(op_database()["masked.sum"], "cpu", torch.bfloat16) == (5e-2, 1e-3)
+
+
+def test_a_half_result_may_match_the_float32_reference_instead_of_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eager rounds a decomposed op's intermediates to bf16; a result computed in float32 and
+    rounded once (the float32 reference) passes though it differs from eager, one that matches
+    neither is wrong."""
+    def chain(x):  # eager: three kernels, each rounding to bf16
+        return (x * 1.001 + 0.3) * 3.7
+
+    x = torch.linspace(-4, 4, 400, dtype=torch.bfloat16)
+    program = lambda t: chain(t)  # noqa: E731
+    expected = (chain(x), [x])
+    wide = float_reference(program, [x.clone()], expected, torch.bfloat16)
+    assert wide is not None and wide[0].dtype == torch.bfloat16 and wide[1][0].dtype == torch.bfloat16
+    assert not torch.equal(wide[0], expected[0])  # the roundings differ somewhere ...
+    assert compare(wide[0], expected[0], 0, 0) is not None
+    assert float_reference(program, [x.float()], (chain(x.float()), [x.float()]), torch.float32) is None
+
+    real_compile = wrapgen.compile
+
+    class Computes:
+        def __init__(self, compiled, fn):
+            self.program, self.fn = compiled.program, fn
+
+        def __call__(self, *args):
+            return self.fn(*args)
+
+    _, sample = _samples("mul", "cpu", "bfloat16")[0]
+    exact = lambda a, b: (a.float() * b.float()).to(torch.bfloat16)  # noqa: E731
+    for fn, cls in ((exact, (PASS, FALLBACK)), (lambda a, b: exact(a, b) * 1.1, (WRONG,))):
+        monkeypatch.setattr(wrapgen, "compile", lambda *a, _fn=fn, **k: Computes(real_compile(*a, **k), _fn))
+        outcome = run_sample("mul", sample, MODE_BY_NAME["static"], ["python"], "cpu", dtype=torch.bfloat16)["python"]
+        assert outcome.cls in cls, outcome
+    assert "float32 reference" in outcome.reason
+
+
+def test_known_failures_by_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    from . import known_failures
+
+    monkeypatch.setitem(known_failures.HALF_FAILURES, "abs", known_failures.Known("half only", dtypes=("float16",)))
+    assert verdict("abs", "static", "python", "cpu", {0: CRASH}, [0], "float16")[0] == "known"
+    assert verdict("abs", "static", "python", "cpu", {}, [0], "float16")[0] == "stale"
+    assert verdict("abs", "static", "python", "cpu", {0: CRASH}, [0], "bfloat16")[0] == "unexpected"
+    assert verdict("abs", "static", "python", "cpu", {0: CRASH}, [0])[0] == "unexpected"
+    # an entry of KNOWN_FAILURES covers every dtype unless it names some
+    key = next(k for k, e in KNOWN_FAILURES.items() if e.dtypes is None and e.samples is None)
+    entry = KNOWN_FAILURES[key]
+    for dtype in DTYPES:
+        assert known_failure(key, entry.modes[0], (entry.targets or ("python",))[0], "cpu", None, dtype) is entry
+
+
+def test_half_journals_report_per_dtype(tmp_path) -> None:
+    """One report per device x target x dtype: float32 keeps its file name, bf16 gets its own,
+    and results, finished ops and plans of one dtype never count for another."""
+    info = {"date": "d", "machine": "m", "cuda": {}, "versions": "v", "targets": ["python"], "devices": ["cpu"],
+            "modes": ["static"], "dtypes": ["float32", "bfloat16"], "ops": ["abs", "sin"], "max_samples": 1,
+            "jobs": 1, "budget_s": 0, "shard": None,
+            "planned": {"cpu": {"abs": ["static"]}, "cpu/bfloat16": {"abs": ["static"], "sin": ["static"]}},
+            "command": "python -m tests.conformance.run"}
+    lines = [json.dumps({"run": info})]
+    for dtype, op, cls in (("float32", "abs", PASS), ("bfloat16", "abs", WRONG)):
+        lines.append(json.dumps({"device": "cpu", "target": "python", "op": op, "mode": "static", "index": 0,
+                                 "cls": cls, "reason": "", "fallbacks": [], "dtype": dtype}))
+        lines.append(json.dumps({"op_done": {"device": "cpu", "op": op, "seconds": 1.0, "dtype": dtype}}))
+    lines.append(json.dumps({"end": {"elapsed_s": 3.0, "stopped": "budget"}}))
+    (tmp_path / "r.jsonl").write_text("\n".join(lines) + "\n")
+    assert run.main(["--from-json", str(tmp_path / "r.jsonl"), "--out", str(tmp_path)]) == 1
+    f32 = (tmp_path / "conformance-cpu-python.md").read_text()
+    bf16 = (tmp_path / "conformance-cpu-python-bfloat16.md").read_text()
+    assert "**Unexpected wrong/crash: 0**" in f32 and "**ops not run: 0**" in f32 and "with float32 support" in f32
+    assert "**Unexpected wrong/crash: 1**" in bf16 and "**ops not run: 1**" in bf16 and "`sin`" in bf16
+    assert "finished: no: the budget ran out" in bf16  # sin did not run in bf16
+    assert "# wrapgen conformance: cpu / python / bfloat16" in bf16 and "float32 reference" in bf16
+    assert "## Matched the float32 reference, not eager (0 op-modes)" in bf16 and "Matched the float32" not in f32
 
 
 # -- bugs the full run found, pinned down ---------------------------------------------------------

@@ -4,8 +4,8 @@
 
 Each worker pays its startup once (import torch and wrapgen, import PyTorch's OpInfo
 database, create the CUDA context) and reports what that cost, then runs op after op.
-Tasks are JSON lines: {"device", "op", "targets", "modes", "max_samples", "timeout",
-"skip": [[mode, index, target], ...]} (skip: results the supervisor already has, when an op
+Tasks are JSON lines: {"device", "op", "targets", "modes", "max_samples", "timeout", "dtype",
+"skip": [[mode, index, target], ...]} (dtype: the samples' dtype name, float32 when absent) (skip: results the supervisor already has, when an op
 is handed out again after a worker died in it). Records are JSON lines too:
 
     {"t": "ready", "startup": {...}}                 startup seconds by stage
@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
 
     startup["import_s"] = time.perf_counter() - t0
     from .harness import MODE_BY_NAME, SKIPPED, Outcome, make_samples, modes_for, one_line, op_database, prepare_sample
+    from .precision import dtype_of
 
     t0 = time.perf_counter()
     op_database()
@@ -84,16 +85,19 @@ def main(argv: list[str] | None = None) -> None:
 
     def result(task: dict, mode: str, index: int, target: str, outcome: Outcome) -> None:
         emit(t="result", device=task["device"], target=target, op=task["op"], mode=mode, index=index,
-             cls=outcome.cls, reason=outcome.reason, fallbacks=list(outcome.fallbacks))
+             cls=outcome.cls, reason=outcome.reason, fallbacks=list(outcome.fallbacks),
+             dtype=task.get("dtype", "float32"))
 
     def run_op(task: dict) -> None:
         key, device, targets = task["op"], task["device"], task["targets"]
+        dtype_name = task.get("dtype", "float32")
+        dtype = dtype_of(dtype_name)
         op = op_database()[key]
         skip = {tuple(x) for x in task["skip"]}
         modes = modes_for(op, [MODE_BY_NAME[m] for m in task["modes"]])
         try:
-            samples = make_samples(op, device, task["max_samples"] or None)
-            why_none = "the OpInfo has no float32 samples on this device"
+            samples = make_samples(op, device, task["max_samples"] or None, dtype)
+            why_none = f"the OpInfo has no {dtype_name} samples on this device"
         except Exception as err:
             samples, why_none = [], one_line(f"sample_inputs raised {type(err).__name__}: {err}")
         if not samples:  # say so, for every mode and target: an op without results reads "not run"
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
                 if not todo:
                     continue
                 emit(t="start", mode=mode.name, index=index, target=None)
-                prepared = prepare_sample(key, sample, mode, device.split(":")[0], task["timeout"])
+                prepared = prepare_sample(key, sample, mode, device.split(":")[0], task["timeout"], dtype)
                 check_device(device)
                 for target in todo:
                     if isinstance(prepared, Outcome):

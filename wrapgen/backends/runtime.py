@@ -33,14 +33,15 @@ def input_mismatch(
     sizes: tuple,
     strides: tuple,
     dtype: torch.dtype,
-    device: torch.device,
+    device: torch.device | None,
 ) -> None:
-    """Raise an error naming the input and the first property that differs."""
+    """Raise an error naming the input and the first property that differs (a device of None
+    is not checked)."""
     if not isinstance(value, torch.Tensor):
         raise InputMismatchError(f"input {name}: expected a tensor, got {type(value).__name__}")
     if value.dtype != dtype:
         raise InputMismatchError(f"input {name}: expected dtype {dtype}, got {value.dtype}")
-    if value.device != device:
+    if device is not None and value.device != device:
         raise InputMismatchError(f"input {name}: expected device {device}, got {value.device}")
     if tuple(value.shape) != tuple(sizes):
         raise InputMismatchError(f"input {name}: expected shape {tuple(sizes)}, got {tuple(value.shape)}")
@@ -67,6 +68,18 @@ def symbol_out_of_range(symbol: str, value: int, low: int | None, high: int | No
 def assert_finite(name: str, value: torch.Tensor) -> None:
     if not bool(torch.isfinite(value).all()):
         raise FloatingPointError(f"output {name} contains NaN or Inf")
+
+
+def with_strides(value: torch.Tensor, sizes: Sequence[int], strides: Sequence[int]) -> torch.Tensor:
+    """`value` if its strides are `strides` (dims of size 1 aside), else a copy laid out with
+    them: a library result whose layout differs from the one its meta function promised
+    (wrapper_ir/layout.py, EnsureStrides)."""
+    actual = value.stride()
+    if all(size == 1 or actual[d] == strides[d] for d, size in enumerate(sizes)):
+        return value
+    copy = torch.empty_strided(tuple(sizes), tuple(strides), dtype=value.dtype, device=value.device)
+    copy.copy_(value)
+    return copy
 
 
 def evaluate(expr: object, values: Mapping[str, object]) -> object:

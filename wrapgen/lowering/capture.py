@@ -19,6 +19,7 @@ from torch.utils import _pytree as pytree
 
 from wrapgen.errors import LoweringError
 from wrapgen.lowering.decompositions import export_table
+from wrapgen.lowering.user_triton import triton_op_decomposition
 
 
 @dataclass
@@ -81,7 +82,7 @@ def capture(model: object, example_inputs: Sequence[object], dynamic: bool) -> C
     except Exception as err:  # torch's own tracing failure: report it as such
         raise LoweringError(f"torch.export could not capture the program: {type(err).__name__}: {err}") from err
     try:
-        exported = exported.run_decompositions(export_table())
+        exported = exported.run_decompositions(export_table(), **triton_op_decomposition())
     except Exception as err:  # torch could not take its own graph down to core ATen
         raise LoweringError(
             f"torch.export could not capture the program: run_decompositions: {type(err).__name__}: {err}"

@@ -10,9 +10,18 @@ import torch
 
 
 def export_table() -> dict:
-    """torch.export's core-ATen table, keeping `scaled_dot_product_attention` whole."""
+    """torch.export's core-ATen table, keeping `scaled_dot_product_attention` whole, plus
+    training-mode batch norm's functional forms (as core_aten_decompositions has them): as library
+    calls they are wrong for bf16/fp16 inputs, whose new running stats the CPU kernels return in
+    the input's dtype where their meta functions (what the program is typed by) say float32."""
+    from torch._decomp import decomposition_table
+
     table = torch.export.default_decompositions()
     table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
+    for batch_norm in (torch.ops.aten._native_batch_norm_legit_functional.default,
+                       torch.ops.aten._batch_norm_with_update_functional.default):
+        if batch_norm in decomposition_table:
+            table[batch_norm] = decomposition_table[batch_norm]
     return table
 
 

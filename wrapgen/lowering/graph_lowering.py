@@ -20,9 +20,11 @@ from wrapgen.errors import LoweringError
 from wrapgen.lowering.capture import CapturedGraph
 from wrapgen.lowering.collectives import InFlightCollectives, collective_of, is_wait
 from wrapgen.lowering.constant_folding import folded_value
+from wrapgen.lowering.extern_layout import expected_layout
 from wrapgen.lowering.lifetimes import insert_frees, remove_unused_views
 from wrapgen.lowering.out_variants import find_out_variant
 from wrapgen.lowering.symbols import BindingSource, SymbolTable, plan_bindings
+from wrapgen.lowering.user_triton import is_user_triton, lower_user_triton
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
     Allocate,
@@ -207,7 +209,8 @@ class GraphLowering:
                 for dim, stride in enumerate(type_.strides or ()):
                     stride_sources.append(BindingSource(name, "stride", dim, stride))
                 checked_strides = tuple(None if size == 1 else stride for size, stride in zip(type_.sizes, type_.strides or ()))
-                self.lines.append(AssertInput(name, type_.dtype, type_.device, type_.sizes, checked_strides))
+                device = None if _is_philox_state(node) else type_.device
+                self.lines.append(AssertInput(name, type_.dtype, device, type_.sizes, checked_strides))
                 self.values[node] = Buffer(name, type_, name, sympy.Integer(0), True)
             elif isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)):
                 inputs.append(ScalarInput(name, _scalar_kind(value)))
@@ -262,6 +265,8 @@ class GraphLowering:
         fake = node.meta.get("val")
         if target is operator.getitem:
             return self._lower_getitem(node)
+        if is_user_triton(target):
+            return lower_user_triton(self, node)
         if not isinstance(target, torch._ops.OpOverload):
             if isinstance(fake, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)):
                 return self.symbols.expr(fake)
@@ -324,7 +329,7 @@ class GraphLowering:
     def _lower_getitem(self, node: torch.fx.Node) -> object:
         source, index = node.args
         value = self.values[source]  # type: ignore[index]
-        if isinstance(value, tuple):
+        if isinstance(value, (tuple, dict)):  # a dict: a user Triton kernel's results by parameter
             return value[index]  # type: ignore[index]
         if isinstance(value, TupleResult):
             fake = node.meta.get("val")
@@ -333,7 +338,7 @@ class GraphLowering:
             name = self.fresh()
             type_ = self.tensor_type(fake)
             self.lines.append(MultiOutput(name, value.name, (int(index),), TensorType(type_.dtype, type_.device, type_.sizes)))  # type: ignore[arg-type]
-            return Buffer(name, type_, name, sympy.Integer(0), False)
+            return Buffer(name, type_, name, sympy.Integer(0), self._expected_layout(name, fake, type_))
         raise LoweringError(f"node {node.name}: getitem on a value that is not a tuple")
 
     def _try_view(self, node: torch.fx.Node, op: torch._ops.OpOverload, fake: object) -> Buffer | tuple | None:
@@ -413,7 +418,8 @@ class GraphLowering:
             type_ = self.tensor_type(fake)
             result = TensorType(type_.dtype, type_.device, type_.sizes)
             self.lines.append(ExternKernel(name, _qualified(op), args, kwargs, result, (), alias_of))
-            return Buffer(name, type_, alias_of or name, sympy.Integer(0), False)
+            fixed = alias_of is None and self._expected_layout(name, fake, type_)
+            return Buffer(name, type_, alias_of or name, sympy.Integer(0), fixed)
         if isinstance(fake, (list, tuple)):
             types = tuple(
                 TensorType(f.dtype, f.device, self.symbols.shape(f.shape)) if isinstance(f, torch.Tensor) else None
@@ -422,6 +428,12 @@ class GraphLowering:
             self.lines.append(ExternKernel(name, _qualified(op), args, kwargs, types, (), alias_of))
             return TupleResult(name, types)
         raise LoweringError(f"node {node.name}: {op} returns {type(fake).__name__}, which is not supported")
+
+    def _expected_layout(self, name: str, fake: object, type_: TensorType) -> bool:
+        """Take the strides the meta function gives library result `name` as its layout
+        (checked at run time, see extern_layout.py); whether the program may."""
+        hints = {info.symbol: info.hint for info in self.symbols.infos()}
+        return expected_layout(self.lines, name, fake, type_, hints)
 
     def _aliased_root(self, node: torch.fx.Node, op: torch._ops.OpOverload) -> str | None:
         returns = op._schema.returns
@@ -482,6 +494,28 @@ class GraphLowering:
         if source == TensorRef(destination.name):
             return
         self.lines.append(ExternKernel(None, "aten::copy_.default", (TensorRef(destination.name), source), (), None, (destination.name,)))
+
+
+# Arguments of the attention backward ops that carry the dropout RNG state.
+_PHILOX_ARGUMENTS = frozenset({"philox_seed", "philox_offset", "rng_state"})
+
+
+def _is_philox_state(node: torch.fx.Node) -> bool:
+    """Whether every use of `node` is as attention's philox seed/offset: tensors that eager
+    keeps on the host (on the device only under CUDA-graph capture) while the fake tensor that
+    describes them says the op's device, so their device cannot be checked."""
+    if not node.users:
+        return False
+    for user in node.users:
+        op = user.target
+        if not isinstance(op, torch._ops.OpOverload):
+            return False
+        names = [a.name for a in op._schema.arguments]
+        used_as = [names[i] for i, a in enumerate(user.args) if a is node and i < len(names)]
+        used_as += [k for k, v in user.kwargs.items() if v is node]
+        if not used_as or any(n not in _PHILOX_ARGUMENTS for n in used_as):
+            return False
+    return True
 
 
 def _buffers(value: object) -> list[Buffer]:

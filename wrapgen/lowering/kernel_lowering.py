@@ -18,6 +18,7 @@ import sympy
 import torch
 import torch.fx
 
+from wrapgen.lowering.gemm_templates import apply_gemm_templates
 from wrapgen.lowering.graph_lowering import Buffer, GraphLowering, _mutated_argument_indices
 from wrapgen.lowering.loop_ir import (
     HALF_DTYPES,
@@ -35,7 +36,9 @@ from wrapgen.lowering.loop_ir import (
     walk,
 )
 from wrapgen.lowering.loop_ops import LOWERINGS, VIEW_OPS, op_key, supported
+from wrapgen.lowering.multi_kernel import with_reduction_variants
 from wrapgen.lowering.scheduler import FusionGroup, schedule
+from wrapgen.lowering.user_triton import is_user_triton
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
     Allocate,
@@ -50,6 +53,10 @@ from wrapgen.wrapper_ir.values import TensorRef, TensorType
 # A pointwise value read by several consumers is computed once into a buffer when its
 # expression is larger than this (else it is recomputed in each consumer).
 INLINE_LIMIT = 48
+# ... or when it reads more buffers than this: each inlined copy keeps every buffer it reads
+# alive until its last consumer runs (a transformer's residual stream, inlined into every
+# later LayerNorm, would keep every layer's projection outputs to the end).
+READS_LIMIT = 3
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,8 @@ class KernelGraphLowering(GraphLowering):
         nodes = [n for n in graph.nodes if n.op == "call_function"]
         if self.language is None:
             return  # no kernel language for this device: library calls only
-        if any(isinstance(n.target, torch._ops.OpOverload) and _mutated_argument_indices(n.target) for n in nodes):
+        if any(isinstance(n.target, torch._ops.OpOverload) and _mutated_argument_indices(n.target) or is_user_triton(n.target)
+               and "tensors_to_clone" not in n.kwargs for n in nodes):
             return  # a deferred (inlined) read could move past a write: keep library calls
         loop = set()
         self.static_checks = {n for n in nodes if holds_statically(n)}
@@ -147,7 +155,9 @@ class KernelGraphLowering(GraphLowering):
         if isinstance(value, tuple):
             return value
         external = any(u not in self.loop_nodes for u in node.users)
-        shared = len(node.users) > 1 and op_key(node) not in VIEW_OPS and size(value.body) > INLINE_LIMIT
+        several = len(node.users) > 1 and op_key(node) not in VIEW_OPS
+        reads = {ld.buffer for ld in loads(value.body)}
+        shared = several and (size(value.body) > INLINE_LIMIT or len(reads) > READS_LIMIT)
         if external or shared:
             return self.realize(value, node.meta["val"], op_key(node) or "getitem")
         return value
@@ -256,6 +266,7 @@ class KernelGraphLowering(GraphLowering):
 
     # -- kernels -------------------------------------------------------------------------
     def finish_body(self, lines: list[WrapperLine]) -> list[WrapperLine]:
+        lines = apply_gemm_templates(self, lines, PendingCompute)  # max_autotune: GEMM templates first
         if not self.compute:
             return lines
         from wrapgen.kernels import kernel_codegen
@@ -291,7 +302,9 @@ class KernelGraphLowering(GraphLowering):
                 definitions.append(KernelDefinition(kernel.name, self.language, kernel.source, metadata))
             # Outputs are allocated right before the call (memory planning may then write in place).
             calls += [allocations[w] for w in kernel.written if w in allocations]
-            calls.append(KernelCall(name, args, kernel.grid, tuple(kernel.written), kernel.may_alias))
+            call = KernelCall(name, args, kernel.grid, tuple(kernel.written), kernel.may_alias)
+            # config.multi_kernel: a reduction over a symbolic row length also gets persistent variants
+            calls.append(with_reduction_variants(self, group, call, definitions, needed, self._buffer_dtypes(), hints, aligned))
             last = max(position[m.node.name] for m in group.members)
             at_position[last] = calls
         out: list[WrapperLine] = definitions

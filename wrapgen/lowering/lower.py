@@ -7,6 +7,7 @@ about `kernel_lowering` (its subclass that generates fused kernels).
 from __future__ import annotations
 
 from wrapgen import config
+from wrapgen.lowering.attention_masks import float_attention_masks
 from wrapgen.lowering.capture import CapturedGraph
 from wrapgen.lowering.graph_lowering import GraphLowering
 from wrapgen.lowering.kernel_lowering import KernelGraphLowering
@@ -16,5 +17,6 @@ from wrapgen.wrapper_ir.program import Program
 def lower_captured(captured: CapturedGraph, name: str = "forward") -> Program:
     """Lower with generated kernels when `config.kernels` is on, else to library calls only."""
     if config.kernels:
-        return KernelGraphLowering(captured, name).lower()
+        # Only with kernels: the mask conversion pays off when it fuses into a generated kernel.
+        return KernelGraphLowering(float_attention_masks(captured), name).lower()
     return GraphLowering(captured, name).lower()

@@ -1,6 +1,8 @@
 """The Wrapper IR: a typed, pure-data description of a compiled program's host-side work."""
 
 from wrapgen.wrapper_ir.collectives import CollectiveStart, CollectiveWait
+from wrapgen.wrapper_ir.graphs import GraphBegin, GraphEnd
+from wrapgen.wrapper_ir.layout import EnsureStrides
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
     Allocate,
@@ -21,6 +23,7 @@ from wrapgen.wrapper_ir.lines import (
     SymbolicCallArg,
     WrapperLine,
 )
+from wrapgen.wrapper_ir.multi_kernel import MultiKernelCall
 from wrapgen.wrapper_ir.program import Constant, Program, ScalarInput, SymbolInfo, TensorInput
 from wrapgen.wrapper_ir.values import TensorRef, TensorType
 from wrapgen.wrapper_ir.verify import VerificationError, verify
@@ -37,10 +40,14 @@ __all__ = [
     "CollectiveWait",
     "Comment",
     "Constant",
+    "EnsureStrides",
     "ExternKernel",
     "Free",
+    "GraphBegin",
+    "GraphEnd",
     "KernelCall",
     "KernelDefinition",
+    "MultiKernelCall",
     "MultiOutput",
     "Output",
     "Program",

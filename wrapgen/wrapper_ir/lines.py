@@ -131,11 +131,15 @@ class BindSymbol(WrapperLine):
 
 @dataclass(frozen=True)
 class AssertInput(WrapperLine):
-    """Check a tensor input's dtype, device, sizes and strides (None: stride not checked)."""
+    """Check a tensor input's dtype, device, sizes and strides (None: stride not checked).
+
+    A device of None is not checked: attention's philox seed and offset are host tensors in
+    eager but device tensors under CUDA-graph capture, and the ops that read them take either.
+    """
 
     name: str
     dtype: torch.dtype
-    device: torch.device
+    device: torch.device | None
     sizes: Shape
     strides: tuple[sympy.Expr | None, ...]
 
@@ -153,7 +157,7 @@ class AssertInput(WrapperLine):
         strides = ", ".join("*" if s is None else str(s) for s in self.strides)
         return (
             f"assert_input {self.name}: {dtype_name(self.dtype)}[{format_shape(self.sizes)}]"
-            f" strides [{strides}] {self.device}"
+            f" strides [{strides}] {'any device' if self.device is None else self.device}"
         )
 
 

@@ -14,6 +14,8 @@ import sympy
 import torch
 
 from wrapgen.wrapper_ir.collectives import CollectiveStart, InFlight
+from wrapgen.wrapper_ir.graphs import CaptureContext, GraphBegin, GraphEnd, GraphScope
+from wrapgen.wrapper_ir.layout import EnsureStrides
 from wrapgen.wrapper_ir.lines import (
     AllocateFromPool,
     AssertFinite,
@@ -27,6 +29,7 @@ from wrapgen.wrapper_ir.lines import (
     ReuseBuffer,
     WrapperLine,
 )
+from wrapgen.wrapper_ir.multi_kernel import MultiKernelCall
 from wrapgen.wrapper_ir.program import Program, TensorInput
 from wrapgen.wrapper_ir.values import ResultTypeLike, TensorType, dtype_name
 
@@ -64,6 +67,9 @@ def verify(program: Program) -> Program:
     input_types = {i.name: i.type for i in program.inputs if isinstance(i, TensorInput)}
     later_definitions = {name: n for n, line in enumerate(program.lines, 1) for name in line.defines()}
 
+    # CUDA-graph regions (graphs.py): checked only where the program has them.
+    graphs = GraphScope(CaptureContext.of(program)) if any(isinstance(line, (GraphBegin, GraphEnd)) for line in program.lines) else None
+
     outputs = [n for n, line in enumerate(program.lines, 1) if isinstance(line, Output)]
     if len(outputs) != 1 or outputs[0] != len(program.lines):
         raise VerificationError(0, None, "a program ends with exactly one Output line")
@@ -72,10 +78,14 @@ def verify(program: Program) -> Program:
         try:
             line.check()
             state.in_flight.check(line)
+            if graphs is not None:
+                graphs.check(line)
             _check_uses(state, line, number, later_definitions)
             _check_symbols(state, line)
             _check_types(state, line, input_types)
             _apply(state, line, number)
+            if graphs is not None:
+                graphs.apply(line, number)
         except ValueError as err:
             if isinstance(err, VerificationError):
                 raise
@@ -139,7 +149,7 @@ def _check_types(state: _State, line: WrapperLine, input_types: dict[str, Tensor
         expected = input_types.get(line.name)
         if expected is None:
             raise ValueError(f"{line.name} is not a tensor input of the program")
-        if (expected.dtype, expected.device) != (line.dtype, line.device):
+        if expected.dtype != line.dtype or line.device not in (None, expected.device):
             raise ValueError(f"checks {line.name} for a dtype/device other than its declaration")
     elif isinstance(line, ReuseBuffer):
         source = _tensor_type(state, line.source)
@@ -152,6 +162,10 @@ def _check_types(state: _State, line: WrapperLine, input_types: dict[str, Tensor
         pool = _tensor_type(state, line.pool)
         if pool is not None and (pool.dtype, pool.device) != (torch.uint8, line.type.device):
             raise ValueError(f"pool {line.pool} must be a u8 buffer on {line.type.device}")
+    elif isinstance(line, EnsureStrides):
+        known = _tensor_type(state, line.name)
+        if known is not None and ((known.dtype, known.device) != (line.dtype, line.device) or len(known.sizes) != len(line.sizes)):
+            raise ValueError(f"{line.name} is {known}, not a {dtype_name(line.dtype)} {line.device} tensor of rank {len(line.sizes)}")
     elif isinstance(line, AssertFinite):
         known = _tensor_type(state, line.name)
         if known is not None and known.dtype != line.dtype:
@@ -165,6 +179,10 @@ def _check_types(state: _State, line: WrapperLine, input_types: dict[str, Tensor
             )
     elif isinstance(line, KernelCall) and line.kernel not in state.kernels:
         raise ValueError(f"calls kernel {line.kernel}, which no earlier KernelDefinition defines")
+    elif isinstance(line, MultiKernelCall):
+        for kernel in line.called_kernels():
+            if kernel not in state.kernels:
+                raise ValueError(f"may call kernel {kernel}, which no earlier KernelDefinition defines")
 
 
 def _apply(state: _State, line: WrapperLine, number: int) -> None:

@@ -206,7 +206,7 @@ class Tensor {
     }
     throw Error(WG_RUNTIME_ERROR, "item of a tensor that holds no integer");
   }
-  // The one element of a float32/float64 tensor (`.item()` of a float).
+  // The one element of a float64/float32/bfloat16/float16 tensor (`.item()` of a float).
   double item_double() const {
     int32_t dtype = 0;
     check(aoti_torch_get_dtype(get(), &dtype), "aoti_torch_get_dtype");
@@ -220,7 +220,17 @@ class Tensor {
       check(aoti_torch_item_float32(get(), &v), "aoti_torch_item_float32");
       return v;
     }
-    throw Error(WG_RUNTIME_ERROR, "item of a tensor that is neither float32 nor float64");
+    if (dtype == aoti_torch_dtype_bfloat16()) {
+      c10::BFloat16 v;
+      check(aoti_torch_item_bfloat16(get(), &v), "aoti_torch_item_bfloat16");
+      return static_cast<float>(v);
+    }
+    if (dtype == aoti_torch_dtype_float16()) {
+      c10::Half v;
+      check(aoti_torch_item_float16(get(), &v), "aoti_torch_item_float16");
+      return static_cast<float>(v);
+    }
+    throw Error(WG_RUNTIME_ERROR, "item of a tensor that is not float64, float32, bfloat16 or float16");
   }
 
  private:
@@ -342,7 +352,7 @@ inline std::string format_tuple(const std::vector<int64_t>& values, const std::v
 
 // dtype, device, shape and strides of an input, with an error naming the first property that
 // differs (the same order and wording as the Python target). `strides` entries whose
-// `stride_checked` is false are not compared.
+// `stride_checked` is false are not compared; a device_type of -1 is not checked.
 inline void check_input(
     const char* name,
     const Tensor& t,
@@ -359,7 +369,7 @@ inline void check_input(
   }
   check(aoti_torch_get_device_type(t.get(), &actual_type), "aoti_torch_get_device_type");
   check(aoti_torch_get_device_index(t.get(), &actual_index), "aoti_torch_get_device_index");
-  if (actual_type != device_type || (device_index >= 0 && actual_index != device_index)) {
+  if (device_type >= 0 && (actual_type != device_type || (device_index >= 0 && actual_index != device_index))) {
     throw Error(
         WG_INPUT_MISMATCH,
         std::string("input ") + name + ": expected device " + device_name(device_type, device_index) + ", got " +

@@ -20,6 +20,7 @@ import torch
 
 from wrapgen.backends.cpp.call_code import CallCode
 from wrapgen.backends.cpp.collectives import CollectiveWriter
+from wrapgen.backends.cpp.cuda_graphs import CppGraphRegions
 from wrapgen.backends.cpp.exprs import (
     UnprintableExpr,
     cpp_double_expr,
@@ -33,6 +34,8 @@ from wrapgen.backends.cpp.exprs import (
     dtype_code,
 )
 from wrapgen.backends.cpp.extern import CannotExpress, ExternWriter
+from wrapgen.backends.cpp.layouts import EnsureStridesMixin
+from wrapgen.backends.cpp.multi_kernel import CppMultiKernelMixin
 from wrapgen.backends.devices import device_overrides, kernel_device, returns_status
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
 from wrapgen.errors import UnsupportedLineError
@@ -57,6 +60,7 @@ from wrapgen.wrapper_ir.lines import (
     SymbolicCallArg,
     WrapperLine,
 )
+from wrapgen.wrapper_ir.multi_kernel import calls_of
 from wrapgen.wrapper_ir.program import Program, ScalarInput, TensorInput
 from wrapgen.wrapper_ir.values import TensorRef, TensorType, dtype_name, format_shape
 
@@ -86,7 +90,7 @@ def _template() -> jinja2.Template:
     return env.get_template("cpp_wrapper.cpp.j2")
 
 
-class CppEmitter(Emitter):
+class CppEmitter(CppGraphRegions, EnsureStridesMixin, CppMultiKernelMixin, Emitter):
     """Emits the C++ source of one program; `compile` builds and loads it."""
 
     name = "cpp"
@@ -271,10 +275,15 @@ class CppEmitter(Emitter):
     def emit_assert_input(self, line: AssertInput) -> None:
         strides = tuple(0 if s is None else s for s in line.strides)
         checked = ", ".join("false" if s is None else "true" for s in line.strides)
-        self.use_shim(dtype_code(line.dtype).removesuffix("()"), device_type_code(line.device).removesuffix("()"))
+        self.use_shim(dtype_code(line.dtype).removesuffix("()"))
+        if line.device is None:  # -1: any device
+            device_type, index = "-1", -1
+        else:
+            self.use_shim(device_type_code(line.device).removesuffix("()"))
+            device_type, index = device_type_code(line.device), device_index(line.device)
         self.writeline(
             f"wrapgen::check_input({cpp_string(line.name)}, t_{line.name}, {dtype_code(line.dtype)}, "
-            f"{device_type_code(line.device)}, {device_index(line.device)}, {self.ints(line, line.sizes)}, "
+            f"{device_type}, {index}, {self.ints(line, line.sizes)}, "
             f"{self.ints(line, strides)}, {{{checked}}});"
         )
 
@@ -381,7 +390,7 @@ class CppEmitter(Emitter):
         result = self.types.get(line.name) if line.name is not None else None
         if isinstance(result, TensorType):  # a factory op can place a result on a device no input is on
             self.devices_used.add(result.device.type)
-        if line.name is not None:
+        if line.name is not None and line.name not in self.declared:  # declared: a graph region's output
             kind = "wrapgen::Tensor" if self._is_tensor_name(line.name) else "wrapgen::Value"
             self.writeline(f"{kind} t_{line.name};")
             self.declared.add(line.name)
@@ -433,7 +442,7 @@ class CppEmitter(Emitter):
             self.gpu_kernels.append(line)
             return
         self.kernels.append(line)
-        calls = [c for c in self.program.lines if isinstance(c, KernelCall) and c.kernel == line.name]
+        calls = [c for c in calls_of(self.program) if c.kernel == line.name]  # MultiKernelCall candidates too
         if calls:
             self.kernel_params[line.name] = ", ".join("void*" if isinstance(a, TensorRef) else "int64_t" for a in calls[0].args)
 

@@ -44,6 +44,10 @@ from wrapgen.backends.runtime import resolve_op
 from wrapgen.wrapper_ir.lines import ExternKernel
 from wrapgen.wrapper_ir.values import TensorRef, TensorType, contiguous_strides
 
+# Scalar results of a multi-result op: the IR reads only tensor elements of a result
+# (graph_lowering refuses a getitem of anything else), so these slots are left empty.
+_UNHELD_SCALARS = frozenset({"IntType", "SymIntType", "FloatType", "BoolType", "NoneType"})
+
 
 class ExternWriter(GeneratedShimRoute):
     """Writes the C++ for ExternKernel lines of one program."""
@@ -180,6 +184,16 @@ class ExternWriter(GeneratedShimRoute):
                     out.append(t.dtype)
         return out
 
+    def _undefined_tensor(self, code: CallCode) -> str:
+        """An undefined tensor for None passed where the schema says a plain `Tensor` (eager's
+        argument parser accepts that: cuDNN attention's backward takes attn_bias so)."""
+        name = self._temp("undef")
+        code.lines.append(f"AtenTensorHandle {name}_raw = nullptr;")
+        code.lines.append(f"wrapgen::check(aoti_torch_new_uninitialized_tensor(&{name}_raw), \"aoti_torch_new_uninitialized_tensor\");")
+        code.lines.append(f"wrapgen::Tensor {name}({name}_raw);")
+        code.shims.add("aoti_torch_new_uninitialized_tensor")
+        return name
+
     def _number_tensor(self, value: object, dtypes: list[torch.dtype], code: CallCode) -> str:
         """A 0-dim tensor for a Python number passed where a Tensor goes (wrapped-number promotion:
         a float is float32 unless the op works in double)."""
@@ -213,6 +227,12 @@ class ExternWriter(GeneratedShimRoute):
         _, name, overload = overload_parts(op)
         namespace = op.split("::", 1)[0]
         returns = [r.real_type for r in schema.returns]
+        kinds = [jit_kind(r) for r in returns]
+        if kinds != kinds[::-1]:
+            # aoti_torch_call_dispatcher converts result i with the type of result n-1-i (it pops
+            # the IValue stack from the end but reads the schema from the front), which is only
+            # right when the result types read the same both ways.
+            raise CannotExpress(f"{op} returns {', '.join(str(r) for r in returns)}: torch's dispatcher shim mistypes mixed results")
         flags = ", ".join("1" if jit_kind(r) == "TensorType" else "0" for r in returns) or "0"
         body = [f"wrapgen::Stack st({max(len(bound), len(returns), 1)});", *pushes]
         body.append(f"static const uint8_t tensor_returns[] = {{{flags}}};")
@@ -228,6 +248,8 @@ class ExternWriter(GeneratedShimRoute):
             if value is None:
                 return "wrapgen::Stack::none()"
             return f"st.some({self._encode(t.getElementType(), value, dtypes, code)})"
+        if value is None and kind == "TensorType":
+            return f"st.tensor({self._undefined_tensor(code)})"
         if value is None:
             raise CannotExpress(f"None given for a non-optional {t}")
         if kind == "TensorType":
@@ -281,6 +303,10 @@ class ExternWriter(GeneratedShimRoute):
                 out.append(f"{target}.items.emplace_back(st.take_tensor({i}));")
             elif kind == "ListType" and jit_kind(r.getElementType()) == "TensorType":
                 out.append(f"{target}.items.push_back(st.take_tensor_list({i}));")
+            elif kind in _UNHELD_SCALARS:
+                # e.g. cuDNN attention's max_q / max_k: the IR holds only tensor elements of a
+                # result, so this slot is never read; an empty item keeps the indices aligned.
+                out.append(f"{target}.items.emplace_back();  // {r}: not held")
             else:
                 raise CannotExpress(f"{line.op} returns a {r}, which the C++ target cannot hold")
         return out

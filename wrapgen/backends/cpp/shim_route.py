@@ -64,6 +64,10 @@ def generated_shims(header: str) -> dict[str, ShimFunction]:
     return out
 
 
+# C types of a generated shim's scalar result pointers (`int64_t* ret4`).
+_SCALAR_RESULTS = frozenset({"int64_t", "double", "bool"})
+
+
 class GeneratedShimRoute:
     """Mixin of `ExternWriter`: calls through a generated shim function, where one exists for the
     op and every argument has a C type the function takes (else `None`: try the next route)."""
@@ -85,19 +89,20 @@ class GeneratedShimRoute:
                 return None  # an int Scalar would become a double: integral ops reject or change meaning
         code = CallCode(shims={fn_name})
         call_args: list[str] = []
-        results: list[str] = []
+        results: list[str | None] = []
         lengths: dict[str, str] = {}
         for ctype, pname in fn.params:
             if pname.endswith("_len_"):
                 call_args.append(lengths[pname.removesuffix("_len_")])
                 continue
             if re.fullmatch(r"ret\d+", pname):
-                if ctype != "AtenTensorHandle*":
+                held = ctype.removesuffix("*")
+                if ctype != "AtenTensorHandle*" and held not in _SCALAR_RESULTS:
                     return None
                 tmp = self._temp("ret")
-                code.lines.append(f"AtenTensorHandle {tmp} = nullptr;")
+                code.lines.append(f"{held} {tmp} = {'nullptr' if held == 'AtenTensorHandle' else 0};")
                 call_args.append(f"&{tmp}")
-                results.append(tmp)
+                results.append(tmp if held == "AtenTensorHandle" else None)
                 continue
             if pname not in values:
                 return None
@@ -108,14 +113,16 @@ class GeneratedShimRoute:
                 return None
             call_args.append(expr)
         code.lines.append(f"wrapgen::check({fn_name}({', '.join(call_args)}), {cpp_string(fn_name)});")
-        owned = [f"wrapgen::Tensor({r})" for r in results]
+        # A scalar result (cuDNN attention's max_q / max_k) is never read by the IR, which holds
+        # only tensor elements of a result: an empty item keeps the tensor elements' indices.
+        owned = [None if r is None else f"wrapgen::Tensor({r})" for r in results]
         if line.name is not None:
-            if len(results) == 1 and self.result_is_tensor(line):
+            if len(results) == 1 and owned[0] is not None and self.result_is_tensor(line):
                 code.lines.append(f"t_{line.name} = {owned[0]};")
             else:
-                code.lines += [f"t_{line.name}.items.emplace_back({o});" for o in owned]
+                code.lines += [f"t_{line.name}.items.emplace_back({o or ''});" for o in owned]
         else:
-            code.lines += [f"{o}.reset();" for o in owned]
+            code.lines += [f"{o}.reset();" for o in owned if o is not None]
         return code
 
     def _shim_arg(self, ctype: str, arg, value, dtypes, code: CallCode, lengths: dict, pname: str) -> str:
@@ -124,6 +131,8 @@ class GeneratedShimRoute:
         if ctype == "AtenTensorHandle":
             if isinstance(value, TensorRef):
                 return f"t_{value.name}.get()"
+            if value is None:
+                return f"{self._undefined_tensor(code)}.get()"
             return f"{self._number_tensor(value, dtypes, code)}.get()"
         if ctype == "AtenTensorHandle*":  # Tensor?
             if value is None:

@@ -28,9 +28,12 @@ from wrapgen.backends.devices import device_overrides, kernel_device, returns_st
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
 from wrapgen.backends.fx import runtime as fx_runtime
 from wrapgen.backends.fx.exprs import ExpressionError, ExpressionNodes, Value, is_integer_expression
+from wrapgen.backends.fx.multi_kernel import FxMultiKernelMixin
 from wrapgen.backends.runtime import check_arg_count, resolve_op
 from wrapgen.errors import UnsupportedLineError
 from wrapgen.wrapper_ir.collectives import WAIT_OP, CollectiveStart, CollectiveWait
+from wrapgen.wrapper_ir.graphs import GraphBegin, GraphEnd
+from wrapgen.wrapper_ir.layout import EnsureStrides
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
     Allocate,
@@ -59,7 +62,7 @@ _OBSERVE = {"size": _aten.sym_size.int, "stride": _aten.sym_stride.int}  # (tens
 _OBSERVE_WHOLE = {"offset": _aten.sym_storage_offset.default, "item": _aten._local_scalar_dense.default}  # (tensor,)
 
 
-class FxEmitter(Emitter):
+class FxEmitter(FxMultiKernelMixin, Emitter):
     """Emits a `torch.fx.GraphModule`; `compile` runs it through `compile_graph`."""
 
     name = "fx"
@@ -140,6 +143,8 @@ class FxEmitter(Emitter):
         if self.comments:
             node.meta["wrapgen_comments"] = tuple(self.comments)
             self.comments = []
+        if getattr(self, "cuda_graph", None) is not None:
+            node.meta["wrapgen_cuda_graph"] = self.cuda_graph
         return node
 
     def _expression_node(self, target: Callable, args: tuple, expr: sympy.Basic) -> torch.fx.Node:
@@ -351,7 +356,8 @@ class FxEmitter(Emitter):
         if "arg_names" not in metadata:
             self.refuse("a Triton kernel needs its parameter names (metadata arg_names)")
         warps = metadata.get("num_warps")
-        kernel = _triton_kernel(line.source, line.name, None if warps is None else int(warps))  # type: ignore[arg-type]
+        stages = int(metadata.get("num_stages", 1))  # type: ignore[arg-type]
+        kernel = _triton_kernel(line.source, line.name, None if warps is None else int(warps), stages)  # type: ignore[arg-type]
         constants = {str(k): v for k, v in metadata.get("constexprs", ())}  # type: ignore[union-attr]
         self.kernel_state[line.name] = (
             kernel_side_table.add_kernel(kernel),
@@ -387,15 +393,27 @@ class FxEmitter(Emitter):
     def emit_assert_finite(self, line: AssertFinite) -> None:
         self.node(fx_runtime.assert_finite, (self.lookup(line.name), line.name))
 
+    def emit_ensure_strides(self, line: EnsureStrides) -> None:
+        node = self.node(fx_runtime.with_strides, (self.lookup(line.name), self.shape(line.sizes), self.shape(line.strides)))
+        self.define(line.name, node)
+
     def emit_comment(self, line: Comment) -> None:
         self.comments.append(line.text)  # kept in the meta of the next node
+
+    def emit_graph_begin(self, line: GraphBegin) -> None:
+        # The GraphModule runs a region's lines as they are; its nodes carry the region's name
+        # (meta "wrapgen_cuda_graph") for a compiler that records graphs itself.
+        self.cuda_graph = line.graph
+
+    def emit_graph_end(self, line: GraphEnd) -> None:
+        self.cuda_graph = None
 
     def emit_output(self, line: Output) -> None:
         self.node("output", (tuple(self.value(v) for v in line.values),), op="output", name="output")
 
 
 @functools.cache
-def _triton_kernel(source: str, name: str, num_warps: int | None) -> Any:
+def _triton_kernel(source: str, name: str, num_warps: int | None, num_stages: int = 1) -> Any:
     """The kernel's JITFunction; with launch options, wrapped the way torch represents a user
     kernel launched with them: an Autotuner holding one Config (it never benchmarks). Cached, so
     the side table holds each kernel once."""
@@ -406,8 +424,8 @@ def _triton_kernel(source: str, name: str, num_warps: int | None) -> Any:
         return kernel
     import triton
 
-    # num_stages=1: what the Python target compiles its Triton kernels with.
-    return triton.autotune(configs=[triton.Config({}, num_warps=num_warps, num_stages=1)], key=[])(kernel)
+    # num_stages: what the Python target compiles the kernel with (1 unless a GEMM template asks more).
+    return triton.autotune(configs=[triton.Config({}, num_warps=num_warps, num_stages=num_stages)], key=[])(kernel)
 
 
 def _is_integer_arg(arg: Arg) -> bool:

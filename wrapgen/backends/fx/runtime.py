@@ -1,5 +1,5 @@
 """Functions that FX graphs of the "fx" target call for what has no ATen op: input checks,
-range checks and explicit frees.
+range checks, explicit frees, and run-time kernel choices (MultiKernelCall, fx/multi_kernel.py).
 
 Each is registered as side-effectful, so `Graph.eliminate_dead_code()` keeps it: a check
 returns nothing yet must run, and a free marks where the memory plan releases a buffer.
@@ -8,6 +8,7 @@ They raise the same errors, with the same messages, as the Python target.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -16,6 +17,7 @@ import torch.fx.node
 
 from wrapgen.backends import huge_pages
 from wrapgen.backends import runtime as shared_runtime
+from wrapgen.kernels.choice import KernelChoice, bucket
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -37,14 +39,14 @@ def check_input(
     sizes: tuple,
     strides: tuple,
     dtype: torch.dtype,
-    device: torch.device,
+    device: torch.device | None,
 ) -> None:
     """Raise InputMismatchError naming input `name` unless it has this dtype, device, shape and
-    strides (a None stride is not checked)."""
+    strides (a None stride or device is not checked)."""
     if (
         not isinstance(value, torch.Tensor)
         or value.dtype != dtype
-        or value.device != device
+        or (device is not None and value.device != device)
         or value.shape != sizes
         or any(want is not None and got != want for got, want in zip(value.stride(), strides))
     ):
@@ -82,8 +84,44 @@ def free(*values: object) -> None:
     """
 
 
+def with_strides(value: torch.Tensor, sizes: tuple, strides: tuple) -> torch.Tensor:
+    """`value`, or a copy of it laid out with `strides` where a library result's layout is not
+    the one its meta function promised (wrapper_ir/layout.py, EnsureStrides)."""
+    return shared_runtime.with_strides(value, sizes, strides)
+
+
 @_side_effectful
 def advise_huge_pages(buffer: torch.Tensor) -> None:
     """Back the fresh CPU `buffer` with transparent huge pages before it is first written
     (wrapgen/backends/huge_pages.py); advice only, the buffer's contents are untouched."""
     huge_pages.advise_huge_pages(buffer)
+
+
+# token -> (the choice, per candidate (kernel_idx, constant_args_idx, parameter names, grid index),
+# whether keys are bucketed, the bucket each candidate serves)
+MULTI_KERNEL_CHOICES: dict[int, tuple[KernelChoice, tuple[tuple[int, int, tuple[str, ...], int], ...], bool, tuple]] = {}
+MULTI_KERNEL_TOKENS = itertools.count()
+
+
+@_side_effectful
+def multi_kernel_call(token: int, key: tuple, args: tuple, grids: tuple, writes: tuple) -> None:
+    """Launch the chosen candidate of the choice `token` names (choosing first on a new key)."""
+    choice, candidates, bucketed, serves = MULTI_KERNEL_CHOICES[token]
+
+    def launch(index: int) -> None:
+        from torch._higher_order_ops.triton_kernel_wrap import triton_kernel_wrapper_mutation
+
+        kernel_idx, constants_idx, names, grid = candidates[index]
+        triton_kernel_wrapper_mutation(
+            kernel_idx=kernel_idx,
+            constant_args_idx=constants_idx,
+            grid=[tuple(grids[grid])],
+            tma_descriptor_metadata={},
+            kwargs=dict(zip(names, args[index])),
+        )
+
+    key = tuple(bucket(int(k)) if bucketed else int(k) for k in key)
+    chosen = choice.chosen.get(key)
+    if chosen is None:
+        chosen = choice.choose(key, [lambda i=i: launch(i) for i in range(len(candidates))], writes, serves)
+    launch(chosen)

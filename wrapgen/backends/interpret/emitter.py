@@ -22,6 +22,7 @@ import torch
 from wrapgen import config
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
 from wrapgen.backends.interpret.kernels import ProgramKernels
+from wrapgen.backends.interpret.multi_kernel import InterpretMultiKernelMixin
 from wrapgen.backends.runtime import (
     assert_finite,
     check_arg_count,
@@ -30,10 +31,13 @@ from wrapgen.backends.runtime import (
     resolve_op,
     scalar_mismatch,
     symbol_out_of_range,
+    with_strides,
 )
 from wrapgen.backends.sanitize import CallSanitizer, ProgramSanitizer
 from wrapgen.errors import WrapgenError
 from wrapgen.wrapper_ir.collectives import WAIT_OP, CollectiveStart, CollectiveWait
+from wrapgen.wrapper_ir.graphs import GraphBegin, GraphEnd
+from wrapgen.wrapper_ir.layout import EnsureStrides
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
     Allocate,
@@ -80,7 +84,7 @@ def view_storage(base: torch.Tensor, type_: TensorType, sizes: list[int], stride
     return empty.set_(base.untyped_storage(), byte_offset // itemsize, sizes, strides)
 
 
-class InterpretEmitter(Emitter):
+class InterpretEmitter(InterpretMultiKernelMixin, Emitter):
     """`compile` builds the kernels once and returns `call(args)`, which runs the lines each call."""
 
     name = "interpret"
@@ -164,7 +168,8 @@ class InterpretEmitter(Emitter):
         strides = tuple(None if s is None else int(evaluate(s, self.env)) for s in line.strides)  # type: ignore[call-overload]
         if (
             not isinstance(value, torch.Tensor)
-            or (value.dtype, value.device, tuple(value.shape)) != (line.dtype, line.device, sizes)
+            or (value.dtype, tuple(value.shape)) != (line.dtype, sizes)
+            or line.device not in (None, value.device)
             or any(want is not None and got != want for got, want in zip(value.stride(), strides))
         ):
             input_mismatch(line.name, value, sizes, strides, line.dtype, line.device)
@@ -231,7 +236,16 @@ class InterpretEmitter(Emitter):
     def emit_assert_finite(self, line: AssertFinite) -> None:
         assert_finite(line.name, self.env[line.name])  # type: ignore[arg-type]
 
+    def emit_ensure_strides(self, line: EnsureStrides) -> None:
+        self.env[line.name] = with_strides(self.env[line.name], self.ints(line.sizes), self.ints(line.strides))  # type: ignore[arg-type]
+
     def emit_comment(self, line: Comment) -> None:
+        pass
+
+    def emit_graph_begin(self, line: GraphBegin) -> None:
+        pass  # the reference semantics: a region's lines run as they are (other targets may record them)
+
+    def emit_graph_end(self, line: GraphEnd) -> None:
         pass
 
     def emit_output(self, line: Output) -> None:

@@ -13,10 +13,13 @@ from torch.utils._sympy.printers import PythonPrinter
 from wrapgen import config
 from wrapgen.backends.devices import DeviceOverrides, device_overrides, kernel_device
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
+from wrapgen.backends.python.cuda_graphs import PythonGraphRegions
+from wrapgen.backends.python.multi_kernel import PythonMultiKernelMixin
 from wrapgen.backends.sanitize import ProgramSanitizer
 from wrapgen.cache import load_python_module, write_cached
 from wrapgen.errors import UnsupportedLineError
 from wrapgen.wrapper_ir.collectives import WAIT_OP, CollectiveStart, CollectiveWait
+from wrapgen.wrapper_ir.layout import EnsureStrides
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
     Allocate,
@@ -37,6 +40,7 @@ from wrapgen.wrapper_ir.lines import (
     SymbolicCallArg,
     WrapperLine,
 )
+from wrapgen.wrapper_ir.multi_kernel import calls_of
 from wrapgen.wrapper_ir.program import Program, TensorInput
 from wrapgen.wrapper_ir.values import Arg, TensorRef, TensorType, dtype_name
 
@@ -86,11 +90,15 @@ def _evaluate_at_hints(shape: tuple, hints: dict) -> tuple[int, ...]:
     return tuple(int(sympy.sympify(e).xreplace(hints)) for e in shape)
 
 
-class PythonEmitter(Emitter):
+class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
     """Emits a module with `call(args)` and `benchmark_compiled_module()`."""
 
     name = "python"
     indent_unit = "    "
+    # for the MultiKernelCall mixin (python/multi_kernel.py), which cannot import this module
+    py_value = staticmethod(py_value)
+    py_expr = staticmethod(py_expr)
+    py_tuple = staticmethod(py_tuple)
 
     # -- writing ----------------------------------------------------------------------------
     def writeline(self, text: str) -> None:
@@ -173,6 +181,7 @@ class PythonEmitter(Emitter):
             "    input_mismatch, op_callable, scalar_mismatch, symbol_out_of_range,",
             ")",
             "",
+            "from wrapgen.backends.runtime import with_strides as _with_strides",
             "_Tensor = torch.Tensor",
             "_as_strided = torch.as_strided",
             "_empty_strided = torch.empty_strided",
@@ -180,12 +189,13 @@ class PythonEmitter(Emitter):
         header += [f"{var} = torch.device({dev!r})" for dev, var in self.devices.items()]
         header += [f"{var} = op_callable({op!r})" for op, var in self.ops.items()]
         header += self.kernel_header()
+        header += self.choice_header()
         header.append("")
         if self.sanitizer is not None:
             header.append("_sanitizer = None  # the program's ProgramSanitizer (config.sanitize), bound by the loader")
         header.append("# Constants (parameters and buffers), bound by the loader before the first call.")
         header += [f"{c.name} = None" for c in program.constants]
-        lines = header + ["", "", "def call(args):"] + self.body + ["", ""] + self.benchmark_source(program)
+        lines = header + ["", "", "def call(args):"] + self.body + ["", ""] + self.graph_source() + self.benchmark_source(program)
         return "\n".join(lines) + "\n"
 
     def benchmark_source(self, program: Program) -> list[str]:
@@ -254,14 +264,17 @@ class PythonEmitter(Emitter):
                 self.writeline(f"symbol_out_of_range({str(line.symbol)!r}, {line.symbol}, {line.min}, {line.max})")
 
     def emit_assert_input(self, line: AssertInput) -> None:
-        name, device = line.name, self.device_handle(line.device)
+        name = line.name
+        device = "None" if line.device is None else self.device_handle(line.device)
         sizes = py_tuple(line.sizes)
         checks = [f"not isinstance({name}, _Tensor)", f"{name}.shape != {sizes}"]
         if all(s is not None for s in line.strides):
             checks.append(f"{name}.stride() != {py_tuple(line.strides)}")
         else:
             checks += [f"{name}.stride({d}) != {py_expr(s)}" for d, s in enumerate(line.strides) if s is not None]
-        checks += [f"{name}.dtype != {line.dtype}", f"{name}.device != {device}"]
+        checks.append(f"{name}.dtype != {line.dtype}")
+        if line.device is not None:
+            checks.append(f"{name}.device != {device}")
         strides = py_tuple(tuple(line.strides))
         self.writeline(f"if {' or '.join(checks)}:")
         with self.indent():
@@ -350,7 +363,7 @@ class PythonEmitter(Emitter):
                 f"no launcher for {line.language} kernels on {device}"
             )
         self.kernels.append(line)
-        calls = [c for c in self.program.lines if isinstance(c, KernelCall) and c.kernel == line.name]
+        calls = [c for c in calls_of(self.program) if c.kernel == line.name]  # MultiKernelCall candidates too
         self.kernel_signatures[line.name] = "".join("p" if isinstance(a, TensorRef) else "i" for a in calls[0].args) if calls else ""
 
     def emit_kernel_call(self, line: KernelCall) -> None:
@@ -369,6 +382,9 @@ class PythonEmitter(Emitter):
 
     def emit_assert_finite(self, line: AssertFinite) -> None:
         self.writeline(f"assert_finite({line.name!r}, {line.name})")
+
+    def emit_ensure_strides(self, line: EnsureStrides) -> None:
+        self.writeline(f"{line.name} = _with_strides({line.name}, {py_tuple(line.sizes)}, {py_tuple(line.strides)})")
 
     def emit_comment(self, line: Comment) -> None:
         self.writeline(f"# {line.text}")

@@ -87,6 +87,7 @@ def compile_kernel(
     constexprs: dict[str, int],
     num_warps: int,
     device_index: int = 0,
+    num_stages: int = 1,
 ):
     """Compile `jit_fn` for arguments described by `arg_kinds`: ("ptr", (dtype, aligned)) or
     ("int", wide). Returns the compiled kernel (or the JITFunction itself when interpreting)."""
@@ -94,7 +95,7 @@ def compile_kernel(
         return jit_fn
     args = [_Pointer(*info) if kind == "ptr" else example_int(info) for kind, info in arg_kinds]
     with torch.cuda.device(device_index):
-        return jit_fn.warmup(*args, grid=(1,), num_warps=num_warps, num_stages=1, **constexprs)
+        return jit_fn.warmup(*args, grid=(1,), num_warps=num_warps, num_stages=num_stages, **constexprs)
 
 
 def bind_launcher(compiled, jit_fn, constexprs: dict[str, int], device_index: int = 0) -> Callable[..., None]:
@@ -165,9 +166,9 @@ def worker_environment() -> dict[str, str]:
 
 
 def warm_cache_in_subprocess(source_path: str, name: str, arg_kinds: list, constexprs: dict, num_warps: int,
-                             device_index: int = 0) -> str:
+                             device_index: int = 0, num_stages: int = 1) -> str:
     """Compile in a worker process so the parent's compile is a Triton cache hit. In the
     interpreter nothing is compiled: this only imports the kernel's source and finds it."""
     jit_fn = getattr(load_module(Path(source_path), f"wrapgen_triton_{Path(source_path).stem}"), name)
-    compile_kernel(jit_fn, arg_kinds, constexprs, num_warps, device_index)
+    compile_kernel(jit_fn, arg_kinds, constexprs, num_warps, device_index, num_stages)
     return name

@@ -49,7 +49,7 @@ def source_path(source: str) -> Path:
     path = directory / f"k_{digest}.py"
     if not path.exists():
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(source)
+        tmp.write_text(source, encoding="utf-8")  # user kernels may hold any text
         os.replace(tmp, path)
     return path
 
@@ -72,6 +72,7 @@ class KernelSpec:
         self.arg_types: tuple[str, ...] = tuple(meta["arg_types"])
         self.constexprs: dict[str, int] = dict(meta.get("constexprs", ()))
         self.num_warps = int(meta.get("num_warps", 4))
+        self.num_stages = int(meta.get("num_stages", 1))  # software pipelining depth (GEMM templates)
         self.unaligned = set(meta.get("unaligned", ()))
         self.device_index = torch.device(meta.get("device", "cuda")).index or 0
 
@@ -107,7 +108,7 @@ class TritonKernels:
     def _compile(self, spec: KernelSpec, assume_aligned: bool):
         with _lock:
             return compat.compile_kernel(self.functions[spec.name], spec.arg_kinds(assume_aligned), spec.constexprs,
-                                         spec.num_warps, spec.device_index)
+                                         spec.num_warps, spec.device_index, spec.num_stages)
 
     def _launcher(self, spec: KernelSpec) -> Callable[..., None]:
         fn = self.functions[spec.name]
@@ -145,7 +146,7 @@ def kernel_binaries(kernels: list[tuple[str, str, tuple]]) -> dict[str, tuple[co
         for assume_aligned in variants:
             with _lock:
                 compiled = compat.compile_kernel(fn, spec.arg_kinds(assume_aligned), spec.constexprs, spec.num_warps,
-                                                 spec.device_index)
+                                                 spec.device_index, spec.num_stages)
             built.append(compat.binary_of(compiled))
         binaries[spec.name] = (built[0], built[1] if len(built) > 1 else None)
     return binaries
@@ -160,7 +161,7 @@ def warm_in_workers(specs: list[KernelSpec]) -> None:
         return
     requests = [
         (s.name, (str(source_path(s.source).resolve()), s.name, s.arg_kinds(True), s.constexprs, s.num_warps,
-                  s.device_index))
+                  s.device_index, s.num_stages))
         for s in todo
     ]
     bar = _bar(len(todo), "compiling Triton kernels (workers)")
@@ -187,7 +188,7 @@ def workers_min() -> int:
 
 
 def _marker(spec: KernelSpec) -> Path:
-    key = f"{spec.source}|{spec.arg_types}|{spec.constexprs}|{spec.num_warps}|{compat.version()}"
+    key = f"{spec.source}|{spec.arg_types}|{spec.constexprs}|{spec.num_warps}|{spec.num_stages}|{compat.version()}"
     return cache_root() / "triton" / f"built_{hashlib.sha256(key.encode()).hexdigest()[:24]}"
 
 

@@ -203,6 +203,16 @@ def _copy(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     return LoopValue(sizes, operand(ctx, node.args[0], sizes, out.dtype), out.dtype)
 
 
+@register("aten::copy.default", check=lambda n: isinstance(fake(n.args[1]), torch.Tensor)
+          and fake(n.args[1]).device == out_fake(n).device)
+def _functional_copy(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    """`copy(self, src)` (a functionalized `self.copy_(src)`): src broadcast to self's shape, in
+    self's dtype; self's values are overwritten, only its shape and dtype matter."""
+    out = out_fake(node)
+    sizes = ctx.shape(out.shape)
+    return LoopValue(sizes, operand(ctx, node.args[1], sizes, out.dtype), out.dtype)
+
+
 @register("aten::full.default", "aten::scalar_tensor.default", check=lambda n: all_args_ok(n))
 def _full(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     out = out_fake(node)
@@ -211,6 +221,14 @@ def _full(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     if isinstance(value, torch.fx.Node):
         return LoopValue(sizes, operand(ctx, value, (), out.dtype), out.dtype)
     return LoopValue(sizes, element_operand(ctx, value, (), out.dtype), out.dtype)
+
+
+@register("aten::empty.memory_format", "aten::empty_strided.default",
+          check=lambda n: out_fake(n).layout == torch.strided and not n.kwargs.get("pin_memory"))
+def _empty(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    """Uninitialized memory may hold anything: zeros, which fuse into what reads them."""
+    out = out_fake(node)
+    return LoopValue(ctx.shape(out.shape), zero(out.dtype), out.dtype)
 
 
 def _arange_check(node: torch.fx.Node) -> bool:

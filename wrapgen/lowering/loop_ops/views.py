@@ -84,18 +84,27 @@ def _reshape(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
             for i, o in zip(in_kept, out_kept):
                 index[i] = out[o]
             return tuple(index)
+        # Trailing dims of equal size map one to one; only the leading ones are linearized, so
+        # [16, 128, 3072] -> [2048, 3072] reads x2, not 256*(x2//3072) + ModularIndexing(x2, 1, 3072)
+        # (the same index as the store: the kernel may then compute in place).
+        common = 0
+        while common < min(len(in_sizes), len(out_sizes)) - 1 and sympy.expand(
+            sympy.sympify(in_sizes[-1 - common]) - out_sizes[-1 - common]
+        ) == 0:
+            common += 1
+        lead_in, lead_out = len(in_sizes) - common, len(out_sizes) - common
         linear = sympy.Integer(0)
-        for d, v in enumerate(out):
-            linear = linear * out_sizes[d] + v
+        for d in range(lead_out):
+            linear = linear * out_sizes[d] + out[d]
         linear = sympy.expand(linear)
         index = []
-        for d in range(len(in_sizes)):
-            inner = sympy.Mul(*in_sizes[d + 1 :]) if d + 1 < len(in_sizes) else sympy.Integer(1)
+        for d in range(lead_in):
+            inner = sympy.Mul(*in_sizes[d + 1 : lead_in]) if d + 1 < lead_in else sympy.Integer(1)
             if d == 0:
                 index.append(FloorDiv(linear, inner) if inner != 1 else linear)
             else:
                 index.append(ModularIndexing(linear, inner, in_sizes[d]))
-        return tuple(index)
+        return (*index, *out[lead_out:])
 
     return _remap(ctx, node, index_of)
 

@@ -6,7 +6,11 @@ the program's peak (holding dead storage while other buffers are allocated) is s
   storage to a later allocation of the same device and element size;
 - in place: an elementwise library call, or a generated kernel that declares the pair in
   `may_alias`, whose input dies at that very call writes its result over the input (same
-  layout; each element is read before it is written).
+  layout; each element is read before it is written). A generated kernel may also write over
+  a library call's result (a convolution's, under a fused BatchNorm + ReLU) when the program
+  holds that result at a known layout (an `EnsureStrides` line) and the new buffer has exactly
+  its type: the new buffer is then a `Reinterpret` of it, placed at its own storage offset
+  (where the library put it), since `ReuseBuffer` always starts at offset 0.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from wrapgen.wrapper_ir.lines import Allocate, ExternKernel, Free, KernelCall, ReuseBuffer, WrapperLine
+from wrapgen.wrapper_ir.lines import Allocate, ExternKernel, Free, KernelCall, Reinterpret, ReuseBuffer, WrapperLine
 from wrapgen.wrapper_ir.passes.peak_memory import live_bytes
 from wrapgen.wrapper_ir.passes.storage import StorageAnalysis
 from wrapgen.wrapper_ir.passes.symbolic import provably_nonnegative
@@ -70,6 +74,33 @@ class _Planner:
         line = self.lines[created] if created >= 0 else None
         return line if isinstance(line, Allocate) else None
 
+    def library_result(self, name: str, before: int | None = None) -> TensorType | None:
+        """The type of `name` when it is a library call's own result (not a view of anything)
+        whose layout the program checks at run time (an `EnsureStrides` line before line
+        `before`, matched by name so this pass does not depend on the module that lowers
+        library layouts)."""
+        created = self.analysis.storage(name).created_at
+        line = self.lines[created] if created >= 0 else None
+        if not (isinstance(line, ExternKernel) and line.name == name and line.alias_of is None):
+            return None
+        result = line.result
+        if not isinstance(result, TensorType):
+            return None
+        for other in self.lines[created + 1 : before]:
+            if type(other).__name__ == "EnsureStrides" and getattr(other, "name", None) == name:
+                strides = tuple(other.strides)  # type: ignore[attr-defined]
+                if tuple(other.sizes) != tuple(result.sizes) or (  # type: ignore[attr-defined]
+                    result.strides is not None and tuple(result.strides) != strides
+                ):
+                    return None
+                return TensorType(result.dtype, result.device, result.sizes, strides)
+        return None
+
+    def source_type(self, name: str) -> TensorType | None:
+        """The type of the storage an in-place source owns: allocated, or a library result."""
+        allocation = self.allocation_of(name)
+        return allocation.type if allocation is not None else self.library_result(name)
+
     def reusable_death_frees(self) -> dict[int, str]:
         deaths: dict[int, str] = {}
         for index, line in enumerate(self.lines):
@@ -81,7 +112,11 @@ class _Planner:
 
     def in_place_source(self, index: int, line: Allocate) -> str | None:
         """An input of the line that first writes the new buffer (after any other allocations
-        for it) that dies there and has exactly the new buffer's layout."""
+        for it) that dies there and can hold it: exactly the new buffer's layout for a library
+        call; for a generated kernel, whose `may_alias` pair promises that it reads each element
+        of the input at the very offset where it writes the output's, any buffer of the same
+        element type and device with room for the output (a `[2048, 3072]` matmul result
+        serves the `[16, 128, 3072]` GELU computed from it)."""
         at = index + 1
         while at < len(self.lines) and isinstance(self.lines[at], Allocate):
             at += 1
@@ -99,7 +134,12 @@ class _Planner:
                 continue
             storage = self.analysis.storage(name)
             source = self.allocation_of(name)
-            if source is None or storage.root != name or source.type != line.type or storage.death is None:
+            library = self.library_result(name, at) if source is None and isinstance(writer, KernelCall) else None
+            if (source is None and library != line.type) or storage.root != name or storage.death is None:
+                continue
+            if source is not None and not (
+                source.type == line.type or (isinstance(writer, KernelCall) and _holds(source.type, line.type))
+            ):
                 continue
             # A view of the same storage read with another layout would see overwritten data.
             other_views = [
@@ -129,10 +169,36 @@ class _Planner:
             self.timeline[i] += spare
         return False
 
+    def choose_in_place(self) -> dict[int, str]:
+        """Every in-place reuse (allocation index -> input it overwrites), with the timeline
+        lowered to match, so that dead-buffer reuse below measures against the peak that is
+        left rather than the one in-place computation removed."""
+        chosen: dict[int, str] = {}
+        for index, line in enumerate(self.lines):
+            if not isinstance(line, Allocate):
+                continue
+            source = self.in_place_source(index, line)
+            if source is None or source in chosen.values():
+                continue
+            chosen[index] = source
+            end = len(self.timeline) - 1
+            new_death = self.analysis.storage(line.name).death
+            new_death = end if new_death is None else new_death
+            source_death = self.analysis.storage(source).death
+            source_death = end if source_death is None else source_death
+            for i in range(index, new_death + 1):  # the new buffer brings no storage of its own
+                self.timeline[i] -= self.at_hints(storage_bytes(line.type))
+            source_bytes = self.at_hints(storage_bytes(self.source_type(source)))  # type: ignore[arg-type]
+            for i in range(source_death + 1, new_death + 1):  # the input's storage lives on instead
+                self.timeline[i] += source_bytes
+        self.peak = max(self.timeline, default=0)
+        return chosen
+
     def plan(self) -> Program:
+        in_place = self.choose_in_place()
         deaths = self.reusable_death_frees()
         dead: list[_Dead] = []
-        taken: set[str] = set()
+        taken = set(in_place.values())
         for index, line in enumerate(self.lines):
             if index in deaths and deaths[index] not in taken:
                 root = deaths[index]
@@ -140,11 +206,15 @@ class _Planner:
                 capacity = self.capacity.get(root, storage_bytes(root_type))
                 dead.append(_Dead(line.name, root_type, capacity, index))  # type: ignore[attr-defined]
             elif isinstance(line, Allocate):
-                source = self.in_place_source(index, line)
+                source = in_place.get(index)
+                if source is not None and self.allocation_of(source) is None:  # a library result
+                    t = line.type
+                    self.replaced[index] = Reinterpret(line.name, source, t.dtype, t.device, t.sizes, t.strides)
+                    continue
                 if source is not None:
-                    taken.add(source)
+                    source_type = self.allocation_of(source).type  # type: ignore[union-attr]
                     self.replaced[index] = ReuseBuffer(line.name, source, line.type)
-                    self.capacity[line.name] = self.capacity.get(source, storage_bytes(line.type))
+                    self.capacity[line.name] = self.capacity.get(source, storage_bytes(source_type))
                     continue
                 choice = _best_fit(dead, line.type)
                 if choice is not None and not self.raises_peak(choice, index, line):
@@ -169,6 +239,12 @@ class _Planner:
 def reuse_buffers(program: Program) -> Program:
     """Rewrite allocations to reuse dead buffers, or their input's storage in place."""
     return _Planner(program).plan()
+
+
+def _holds(source: TensorType, wanted: TensorType) -> bool:
+    """Whether `source`'s storage can hold `wanted` at offset 0 (same element type and device)."""
+    same_kind = (source.device, source.dtype) == (wanted.device, wanted.dtype)
+    return same_kind and provably_nonnegative(storage_bytes(source) - storage_bytes(wanted))
 
 
 def _best_fit(dead: list[_Dead], wanted: TensorType) -> _Dead | None:

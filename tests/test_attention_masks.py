@@ -1,0 +1,74 @@
+"""Boolean SDPA masks become additive float masks made by a generated kernel (once per mask)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import wrapgen
+from wrapgen.lowering.attention_masks import float_attention_masks
+from wrapgen.lowering.capture import capture
+from wrapgen.wrapper_ir import ExternKernel
+
+TARGETS = ("python", "cpp", "fx")
+
+
+def two_layers_sharing_a_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """A causal mask and a padding mask, combined with `&`, used by two attention calls."""
+    n = q.shape[-2]
+    positions = torch.arange(n, device=q.device)
+    causal = positions[None, :] <= positions[:, None]
+    padding = positions[None, :] < lengths[:, None]
+    mask = (causal[None] & padding[:, None, :])[:, None]
+    first = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return F.scaled_dot_product_attention(first, k, v, attn_mask=mask) + first
+
+
+def inputs(dtype: torch.dtype) -> list[torch.Tensor]:
+    q, k, v = (torch.randn(2, 3, 16, 8, dtype=dtype) for _ in range(3))
+    return [q, k, v, torch.tensor([16, 9])]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_mask_reaches_attention_as_a_float_made_by_a_kernel(dtype):
+    program = wrapgen.lower(two_layers_sharing_a_mask, inputs(dtype))
+    attention = [line for line in program.lines if isinstance(line, ExternKernel) and "scaled_dot_product" in line.op]
+    assert len(attention) == 2
+    masks = {line.args[3].name for line in attention}
+    assert len(masks) == 1  # one conversion serves both calls
+    externs = {line.op for line in program.lines if isinstance(line, ExternKernel)}
+    assert not any("where" in op or "_to_copy" in op for op in externs)
+    assert f"{masks.pop()} = allocate {'f32' if dtype == torch.float32 else 'bf16'}" in str(program)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_results_match_eager(target, dtype):
+    compiled = wrapgen.compile(two_layers_sharing_a_mask, inputs(dtype), target=target)
+    for _ in range(2):
+        args = inputs(dtype)
+        tolerance = {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+        torch.testing.assert_close(compiled(*args), two_layers_sharing_a_mask(*args), **tolerance)
+
+
+def test_the_callers_graph_is_not_changed():
+    captured = capture(two_layers_sharing_a_mask, inputs(torch.float32), False)
+    before = str(captured.graph_module.graph)
+    rewritten = float_attention_masks(captured)
+    assert rewritten.graph_module is not captured.graph_module
+    assert str(captured.graph_module.graph) == before
+    assert "where" in str(rewritten.graph_module.graph) and "where" not in before
+
+
+def test_a_graph_without_boolean_masks_is_returned_as_is():
+    captured = capture(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), inputs(torch.float32)[:3], False)
+    assert float_attention_masks(captured) is captured
+
+
+def test_dynamic_sizes():
+    compiled = wrapgen.compile(two_layers_sharing_a_mask, inputs(torch.float32), dynamic=True)
+    for n in (16, 24):
+        q, k, v = (torch.randn(3, 2, n, 8) for _ in range(3))
+        args = [q, k, v, torch.tensor([n, 5, 2])]
+        torch.testing.assert_close(compiled(*args), two_layers_sharing_a_mask(*args))

@@ -1,0 +1,267 @@
+"""max_autotune: GEMM templates with fused epilogues, chosen by measurement at compile time.
+
+CPU: the C++ template for mm / addmm / bmm with each epilogue (bias, GELU, SiLU, residual
+add, scaling, cast to bf16) on the python, cpp and fx targets, against eager. Triton: the
+same template code under TRITON_INTERPRET=1 on tiny sizes (python and fx targets), and on
+CUDA (marked). The tuner: candidates and the choice in str(program), the winner cached on
+disk (a second compile measures nothing), the library call kept when it is the only
+candidate, and no change at all without the option.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import wrapgen
+from wrapgen.kernels.templates import autotune, cpp_gemm, triton_gemm
+from wrapgen.kernels.triton import compat
+from wrapgen.wrapper_ir.lines import Comment, ExternKernel, KernelDefinition
+
+TARGETS = ["python", "cpp", "fx"]
+
+
+@pytest.fixture(autouse=True)
+def templates_only(monkeypatch):
+    """Templates always win (the library is no candidate) so every test runs them; one C++
+    tiling (two where a test measures) keeps the compiles short. Small matmuls that would
+    become generated reductions (matmul_kernel_limit) stay products."""
+    full = cpp_gemm.cpp_configs
+    monkeypatch.setattr(cpp_gemm, "cpp_configs", lambda problem: full(problem)[:1])
+    with wrapgen.config.patch(max_autotune=True, max_autotune_gemm_backends="template", matmul_kernel_limit=0):
+        yield
+
+
+def _fresh(args: tuple) -> tuple:
+    return tuple(torch.randn_like(a) if a.is_floating_point() else a for a in args)
+
+
+def check(fn, args, targets=TARGETS, **tol) -> wrapgen.wrapper_ir.Program:
+    """Compile `fn` for each target, compare with eager on fresh inputs; the lowered program."""
+    program = wrapgen.lower(fn, args)
+    for target in targets:
+        compiled = wrapgen.compile(fn, args, target=target)
+        fresh = _fresh(args)
+        torch.testing.assert_close(compiled(*fresh), fn(*fresh), **tol)
+    return program
+
+
+def templates(program) -> list[KernelDefinition]:
+    return [line for line in program.lines if isinstance(line, KernelDefinition) and "template" in dict(line.metadata)]
+
+
+def _linear(x, w, b):
+    return F.linear(x, w, b)  # addmm with a transposed weight: B strides (1, K)
+
+
+EPILOGUES = {
+    "bias": lambda x, w, b, r: _linear(x, w, b),
+    "gelu": lambda x, w, b, r: F.gelu(_linear(x, w, b)),
+    "silu": lambda x, w, b, r: F.silu(x @ w.t()),
+    "residual": lambda x, w, b, r: _linear(x, w, b) + r,
+    "scale": lambda x, w, b, r: (x @ w.t()) * 0.125,
+    "cast_bf16": lambda x, w, b, r: (_linear(x, w, b) * 2.0).to(torch.bfloat16),
+}
+
+
+EPILOGUE_ARGS = (torch.Size([37, 48]), torch.Size([40, 48]), torch.Size([40]), torch.Size([37, 40]))
+
+
+@pytest.mark.parametrize("epilogue", list(EPILOGUES))
+def test_cpu_epilogue_fused_into_template(epilogue):
+    fn = EPILOGUES[epilogue]
+    args = tuple(torch.randn(s) for s in EPILOGUE_ARGS)
+    program = check(fn, args, targets=["python", "fx"])  # the cpp target: below, all in one program
+    (kernel,) = templates(program)
+    assert not any(isinstance(line, ExternKernel) and "mm" in line.op for line in program.lines)
+    assert all(line.name == kernel.name for line in program.lines if isinstance(line, KernelDefinition))
+    meta = dict(kernel.metadata)
+    assert meta["template"].startswith("cpp_gemm_") and meta["autotune"].startswith("autotune ")
+    if epilogue != "bias":  # the pointwise work runs in the template: no second kernel
+        assert "," in meta["ops"]
+
+
+def test_cpu_every_epilogue_on_the_cpp_target():
+    """The six epilogues as six products of one program: one C++ build for all of them."""
+
+    def fn(x, w, b, r):
+        return tuple(epilogue(x, w, b, r) for epilogue in EPILOGUES.values())
+
+    program = check(fn, tuple(torch.randn(s) for s in EPILOGUE_ARGS), targets=["cpp"])
+    names = {k.name for k in templates(program)}
+    # every product is a template call (those of the same code share one kernel)
+    assert sum(getattr(line, "kernel", None) in names for line in program.lines) == len(EPILOGUES)
+    assert not any(isinstance(line, ExternKernel) and "mm" in line.op for line in program.lines)
+
+
+@pytest.mark.parametrize("op", ["mm", "addmm_alpha_beta", "bmm_relu", "bf16_linear"])
+def test_cpu_products(op):
+    if op == "mm":
+        fn, args, tol = (lambda a, b: a @ b), (torch.randn(33, 70), torch.randn(70, 19)), {}
+    elif op == "addmm_alpha_beta":
+        fn = lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0)  # noqa: E731
+        args = (torch.randn(20, 24), torch.randn(20, 300), torch.randn(300, 24))
+        tol = {"atol": 1e-4, "rtol": 1e-4}  # 300-term float sums in another order than the library's
+    elif op == "bmm_relu":
+        fn, args, tol = (lambda a, b: torch.bmm(a, b).relu()), (torch.randn(3, 17, 40), torch.randn(3, 40, 23)), {}
+    else:
+        w, b = torch.randn(40, 64, dtype=torch.bfloat16), torch.randn(40, dtype=torch.bfloat16)
+        fn = lambda x, w, b: F.gelu(F.linear(x, w, b))  # noqa: E731
+        args, tol = (torch.randn(24, 64, dtype=torch.bfloat16), w, b), {"atol": 2e-2, "rtol": 2e-2}
+    program = check(fn, args, targets=TARGETS if op in ("bmm_relu", "bf16_linear") else ["python", "fx"], **tol)
+    assert len(templates(program)) == 1
+
+
+@pytest.fixture
+def two_tilings(monkeypatch):
+    full = cpp_gemm.CppGemmConfig
+    vw = cpp_gemm.vector_width()
+    monkeypatch.setattr(cpp_gemm, "cpp_configs", lambda problem: [full(32, 2 * vw, 128, 4, vw), full(48, 2 * vw, 64, 6, 2 * vw)])
+
+
+class SwiGLU(torch.nn.Module):
+    """A Llama-style MLP on [batch, tokens, dim] input: each product is read back through a view."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.up = torch.nn.Linear(32, 48, bias=False), torch.nn.Linear(32, 48, bias=False)
+        self.down = torch.nn.Linear(48, 32)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x)) + x
+
+
+def test_linear_on_3d_input_fuses_through_the_view():
+    model = SwiGLU()
+    program = check(model, (torch.randn(2, 9, 32),), targets=["python", "fx"], atol=1e-5, rtol=1e-4)
+    ops = sorted(dict(k.metadata)["ops"] for k in templates(program))
+    assert ops == ["aten::addmm,aten::add.Tensor", "aten::mm", "aten::mm,aten::mul.Tensor"]
+    assert not any(isinstance(line, KernelDefinition) and "template" not in dict(line.metadata) for line in program.lines)
+
+
+def test_identical_layers_share_one_template():
+    layers = [torch.nn.Sequential(torch.nn.Linear(40, 40), torch.nn.GELU()) for _ in range(3)]
+    program = check(torch.nn.Sequential(*layers), (torch.randn(24, 40),), targets=["python"])
+    (kernel,) = templates(program)
+    assert sum(getattr(line, "kernel", None) == kernel.name for line in program.lines) == 3
+
+
+def test_program_text_records_candidates_and_choice(two_tilings):
+    with wrapgen.config.patch(max_autotune_gemm_backends="aten,template"):
+        program = wrapgen.lower(lambda a, b: F.gelu(a @ b), (torch.randn(30, 40), torch.randn(40, 50)))
+    text = str(program)
+    assert "autotune mm 30x40 @ 40x50 float32" in text
+    for tag in ("aten", "cpp_gemm_"):
+        assert tag in text
+    assert text.count("*") >= 1  # the chosen candidate is marked
+
+
+def test_winner_cached_on_disk_second_compile_measures_nothing(two_tilings):
+    fn, args = (lambda a, b: (a @ b).relu()), (torch.randn(26, 44), torch.randn(44, 52))
+    before = dict(autotune.stats)
+    first = wrapgen.lower(fn, args)
+    assert autotune.stats["benchmarked"] == before["benchmarked"] + 1
+    files = list((wrapgen.cache.cache_root() / "autotune").glob("gemm_*.json"))
+    assert files
+    second = wrapgen.lower(fn, args)
+    assert autotune.stats["benchmarked"] == before["benchmarked"] + 1
+    assert autotune.stats["cache_hits"] == before["cache_hits"] + 1
+    assert dict(templates(second)[0].metadata)["template"] == dict(templates(first)[0].metadata)["template"]
+    assert " cached:" in dict(templates(second)[0].metadata)["autotune"]
+
+
+def test_library_only_keeps_the_call_and_says_so():
+    fn, args = (lambda a, b: (a @ b).relu()), (torch.randn(26, 44), torch.randn(44, 52))
+    with wrapgen.config.patch(max_autotune_gemm_backends="aten"):
+        program = check(fn, args, targets=["python"])
+    assert any(isinstance(line, ExternKernel) and line.op == "aten::mm.out" for line in program.lines)
+    assert any(isinstance(line, Comment) and "aten (only candidate)" in line.text for line in program.lines)
+    assert not templates(program)
+
+
+def test_off_by_default_and_dynamic_sizes_keep_the_library():
+    fn, args = (lambda a, b: (a @ b).relu()), (torch.randn(26, 44), torch.randn(44, 52))
+    with wrapgen.config.patch(max_autotune=False):
+        assert not templates(wrapgen.lower(fn, args))
+    program = wrapgen.lower(fn, args, dynamic=True)
+    assert not templates(program)
+    compiled = wrapgen.compile(fn, args, dynamic=True)
+    fresh = (torch.randn(9, 44), torch.randn(44, 52))
+    torch.testing.assert_close(compiled(*fresh), fn(*fresh))
+
+
+def test_epilogue_with_two_results():
+    def fn(a, b):
+        p = a @ b
+        return p.relu(), p * 2
+
+    program = check(fn, (torch.randn(20, 30), torch.randn(30, 40)), targets=["python", "fx"])
+    (kernel,) = templates(program)
+    assert dict(kernel.metadata)["ops"] == "aten::mm,aten::relu.default,aten::mul.Tensor"
+    call = next(line for line in program.lines if getattr(line, "kernel", None) == kernel.name)
+    assert len(call.writes) == 2
+
+
+def test_product_read_by_a_reduction_gets_no_epilogue():
+    program = check(lambda a, b: (a @ b).sum(0), (torch.randn(20, 30), torch.randn(30, 40)),
+                    targets=["python", "fx"], atol=1e-4, rtol=1e-4)
+    (kernel,) = templates(program)
+    assert dict(kernel.metadata)["ops"] == "aten::mm"
+
+
+def test_torch_compile_options():
+    fn, args = (lambda a, b: F.silu(a @ b)), (torch.randn(20, 30), torch.randn(30, 40))
+    compiled = torch.compile(fn, backend="wrapgen", options={"max_autotune": True, "target": "python"})
+    torch.testing.assert_close(compiled(*args), fn(*args))
+
+
+# -- Triton: the interpreter on CPU (tiny sizes), the GPU when there is one ------------------------
+interpreter = pytest.mark.skipif(not (compat.available() and compat.interpreting()),
+                                 reason="needs triton in interpreter mode (CPU machines)")
+
+
+@interpreter
+@pytest.mark.parametrize("case", ["addmm_gelu_residual", "bmm_cast_bf16", "swiglu_3d"])
+def test_triton_template_in_interpreter(case, monkeypatch):
+    monkeypatch.setattr(triton_gemm, "triton_configs", lambda problem: [triton_gemm.TritonGemmConfig(16, 16, 16, 1, 1, 2)])
+    if case == "addmm_gelu_residual":
+        fn = lambda x, w, b, r: F.gelu(F.linear(x, w, b)) + r  # noqa: E731
+        args = (torch.randn(20, 24), torch.randn(36, 24), torch.randn(36), torch.randn(20, 36))
+        tol = {}
+    elif case == "bmm_cast_bf16":
+        fn = lambda a, b: (torch.bmm(a, b) * 0.5).to(torch.bfloat16)  # noqa: E731
+        args, tol = (torch.randn(2, 18, 20), torch.randn(2, 20, 17)), {"atol": 1e-2, "rtol": 1e-2}
+    else:
+        fn, args, tol = SwiGLU(), (torch.randn(2, 9, 32),), {"atol": 1e-5, "rtol": 1e-4}
+    with wrapgen.config.patch(cpu_kernels="triton"):
+        program = check(fn, args, targets=["python", "fx"], **tol)
+    kernels = templates(program)
+    assert kernels and all(k.language == "triton" and dict(k.metadata)["template"].startswith("triton_gemm_")
+                           for k in kernels)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("epilogue", ["bias", "gelu", "residual", "cast_bf16"])
+@pytest.mark.parametrize("target", TARGETS)
+def test_triton_template_on_gpu(epilogue, target):
+    fn = EPILOGUES[epilogue]
+    dt = torch.bfloat16
+    args = tuple(t.cuda() for t in (torch.randn(300, 256, dtype=dt), torch.randn(384, 256, dtype=dt),
+                                    torch.randn(384, dtype=dt), torch.randn(300, 384, dtype=dt)))
+    with wrapgen.config.patch(max_autotune_gemm_backends="aten,template"):
+        program = check(fn, args, targets=[target], atol=3e-2, rtol=3e-2)
+    assert "autotune addmm" in str(program) or "autotune mm" in str(program)
+    with wrapgen.config.patch(max_autotune_gemm_backends="template"):
+        program = check(fn, args, targets=[target], atol=3e-2, rtol=3e-2)
+    assert templates(program)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_triton_bmm_on_gpu():
+    a, b = torch.randn(4, 130, 96, device="cuda", dtype=torch.bfloat16), torch.randn(4, 96, 200, device="cuda",
+                                                                                    dtype=torch.bfloat16)
+    program = check(lambda a, b: torch.bmm(a, b).relu(), (a, b), atol=3e-2, rtol=3e-2)
+    assert templates(program)

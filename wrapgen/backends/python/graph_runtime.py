@@ -1,0 +1,190 @@
+"""Run time of the Python target's CUDA-graph regions (`GraphBegin` ... `GraphEnd` lines): warm
+up, record, replay.
+
+A region is emitted as a function of its inputs and key symbols; `GraphRegion` calls it:
+- the first call with a new key (the key symbols' values and the layouts of copied inputs) runs
+  it eagerly: the warm-up, which loads kernels and lets library calls set themselves up;
+- the second records it with `torch.cuda.graph` into the program's one memory pool
+  (`GraphPool`), then replays; later calls copy the copied inputs into the static buffers the
+  graph reads and replay it. Inputs used in place (constants, parameters, outputs of earlier
+  graphs) are checked by address: a changed address records the graph again, never replays
+  a stale one;
+- at most `MAX_GRAPHS` graphs per region are kept (least recently used dropped); a region that
+  records more than `MAX_RECORDS` times (addresses that never settle) runs eagerly from then on.
+
+One pool serves every graph of a program. A replay writes its intermediates into pool memory
+that graphs recorded earlier may have handed out as outputs, so a graph may run in a call only
+after every graph that ran before it in that call was recorded before it (its `generation`);
+otherwise it is recorded again. The steady state (the same sequence of keys every call) records
+each graph once. Outputs of a program that live in graph memory are copied out before `return`
+(the partition pass adds those lines), so a returned tensor is never overwritten by a later call.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+MAX_GRAPHS = 8
+MAX_RECORDS = 64
+
+# torch's C++ check of many data pointers at once (CUDA builds); a Python loop elsewhere.
+_same_pointers = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+
+
+class GraphPool:
+    """The memory pool the graphs of one program share, and the order they were recorded in."""
+
+    def __init__(self) -> None:
+        self._handle = None
+        self.generation = 0  # of the last graph recorded
+        self.last = 0  # generation of the last graph replayed in the current call
+
+    def handle(self):
+        if self._handle is None:
+            self._handle = torch.cuda.graph_pool_handle()
+        return self._handle
+
+
+@dataclass
+class _Graph:
+    graph: object  # torch.cuda.CUDAGraph
+    copies: list[tuple[int, torch.Tensor, bool]]  # (input index, static buffer, copy its whole span)
+    pointers: list[int | None]  # data pointers of the in-place inputs, by input index
+    outputs: tuple
+    generation: int
+
+
+def _static_buffer(t: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+    """(the tensor the graph reads, what each replay copies into, whether that is the flat span).
+
+    Same sizes and strides as `t`, on the graph's device (attention's philox seed and offset
+    come from the host in eager: the graph reads them from device memory, refreshed each
+    replay): a dense layout gets an elementwise copy, any other (gaps, overlapping dims) a copy
+    of the storage span it covers, so the graph sees the same bytes."""
+    if t.numel() == 0:
+        return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device), None, False
+    span = 1 + sum((n - 1) * s for n, s in zip(t.size(), t.stride()))
+    if span == t.numel():
+        static = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
+        return static, static, False
+    base = torch.empty((span,), dtype=t.dtype, device=device)
+    return base.as_strided(t.size(), t.stride(), 0), base, True
+
+
+class GraphRegion:
+    """One graph region of a program: its function, its recorded graphs, and how it is called."""
+
+    def __init__(
+        self,
+        name: str,
+        fn: Callable,
+        device: str,
+        num_inputs: int,
+        in_place: Sequence[int],
+        pool: GraphPool,
+        first: bool,
+    ) -> None:
+        self.name = name
+        self.fn = fn
+        self.device = torch.device(device)
+        self.capture = self.device.type == "cuda"
+        self.in_place = list(in_place)
+        self.copied = [i for i in range(num_inputs) if i not in set(in_place)]
+        self.pool = pool
+        self.first = first
+        self.graphs: OrderedDict[tuple, _Graph] = OrderedDict()
+        self.warm: set[tuple] = set()
+        self.records = 0
+        self.replays = 0
+        self.eager = not self.capture
+
+    def __call__(self, inputs: tuple, key: tuple) -> tuple:
+        if self.first:
+            self.pool.last = 0
+        if self.eager:
+            return self.fn(*inputs, *key)
+        full = (key, tuple(inputs[i].stride() for i in self.copied))
+        graph = self.graphs.get(full)
+        if graph is not None and (graph.generation < self.pool.last or not self._same_addresses(graph, inputs)):
+            del self.graphs[full]  # recorded before a graph that already ran in this call, or stale addresses
+            graph = None
+        if graph is None:
+            if full not in self.warm:
+                if len(self.warm) > 4 * MAX_RECORDS:
+                    self.warm.clear()
+                self.warm.add(full)
+                return self.fn(*inputs, *key)  # warm-up
+            graph = self._record(full, inputs, key)
+            if graph is None:
+                return self.fn(*inputs, *key)
+        else:
+            self.graphs.move_to_end(full)
+        for index, static, flat in graph.copies:
+            source = inputs[index]
+            if flat:
+                source = source.as_strided((static.numel(),), (1,), source.storage_offset())
+            static.copy_(source)
+        graph.graph.replay()
+        self.replays += 1
+        self.pool.last = graph.generation
+        return graph.outputs
+
+    def _same_addresses(self, graph: _Graph, inputs: tuple) -> bool:
+        if not self.in_place:
+            return True
+        if _same_pointers is not None:
+            return _same_pointers(list(inputs), graph.pointers, self.in_place)
+        return all(inputs[i].data_ptr() == graph.pointers[i] for i in self.in_place)
+
+    def _record(self, full: tuple, inputs: tuple, key: tuple) -> _Graph | None:
+        self.records += 1
+        if self.records > MAX_RECORDS:
+            warnings.warn(
+                f"CUDA graph {self.name} was recorded {MAX_RECORDS} times (input addresses or sizes keep "
+                "changing); it runs without a graph from now on",
+                stacklevel=3,
+            )
+            self.eager = True
+            self.graphs.clear()
+            return None
+        statics = list(inputs)
+        copies = []
+        for index in self.copied:
+            static, target, flat = _static_buffer(inputs[index], self.device)
+            statics[index] = static
+            if target is not None:
+                copies.append((index, target, flat))
+        pointers: list[int | None] = [None] * len(inputs)
+        for index in self.in_place:
+            pointers[index] = inputs[index].data_ptr()
+        try:
+            graph, outputs = self._capture(statics, key)
+        except Exception as error:  # noqa: BLE001 - any failure: run without a graph, say why
+            warnings.warn(f"CUDA graph {self.name} could not be recorded ({error}); it runs without a graph", stacklevel=3)
+            self.eager = True
+            self.graphs.clear()
+            return None
+        self.pool.generation += 1
+        recorded = _Graph(graph, copies, pointers, tuple(outputs), self.pool.generation)
+        self.graphs[full] = recorded
+        while len(self.graphs) > MAX_GRAPHS:
+            self.graphs.popitem(last=False)
+        return recorded
+
+    def _capture(self, statics: list, key: tuple) -> tuple[object, tuple]:
+        """Record the region on `statics`: (the graph, with `replay()`, and its output tensors)."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool.handle(), capture_error_mode="thread_local"):
+            outputs = self.fn(*statics, *key)
+        return graph, tuple(outputs)
+
+    def __repr__(self) -> str:
+        return f"GraphRegion({self.name!r}, graphs={len(self.graphs)}, records={self.records}, replays={self.replays})"
+
+
+__all__ = ["MAX_GRAPHS", "MAX_RECORDS", "GraphPool", "GraphRegion"]

@@ -1,0 +1,266 @@
+"""Choose a GEMM's implementation by measuring the candidates on the real sizes, once.
+
+Candidates are the library call ("aten") and template instances (C++ tilings on the CPU,
+Triton tile/warp/stage configurations on the GPU), as `config.max_autotune_gemm_backends`
+allows. Template candidates compile together (the C++ ones as one library, built in
+parallel; the Triton ones at once in the compile workers), then each runs on stand-in tensors of exactly
+the operands' layouts: a warm-up call, then several timed calls, the median kept (robust
+to a noisy, shared machine). The winner is cached on disk under the cache dir
+(`autotune/`), keyed by op, sizes, strides, dtypes, the epilogue's code, the device and the
+compiler versions: a second compile of the same program measures nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from wrapgen import config
+from wrapgen.cache import cache_root
+from wrapgen.kernels.cpp.codegen import GeneratedKernel
+from wrapgen.kernels.templates.problem import GemmProblem
+
+ATEN = "aten"
+stats = {"benchmarked": 0, "cache_hits": 0}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    tag: str
+    kernel: GeneratedKernel | None  # None: the library call
+
+
+@dataclass(frozen=True)
+class Selection:
+    choice: str
+    kernel: GeneratedKernel | None  # the winning template instance (None: keep the library call)
+    summary: str  # one line: the candidates and their times, the choice marked
+
+
+def select_gemm(problem: GemmProblem, language: str, name: str) -> Selection:
+    """The fastest implementation of `problem` (a template instance named `name`, or the library)."""
+    candidates = _candidates(problem, language, name)
+    backends = config.max_autotune_gemm_backends.split(",")
+    if "aten" in backends:
+        candidates.insert(0, Candidate(ATEN, None))
+    if not candidates:
+        return Selection(ATEN, None, f"autotune {problem.describe()}: no candidates, library call")
+    if len(candidates) == 1:
+        only = candidates[0]
+        return Selection(only.tag, only.kernel, f"autotune {problem.describe()}: {only.tag} (only candidate)")
+    key = _cache_key(problem, language, candidates)
+    cached = _read_cache(key)
+    if cached is not None and cached["choice"] in {c.tag for c in candidates}:
+        stats["cache_hits"] += 1
+        timings = cached["timings"]
+        note = " cached"
+    else:
+        timings = _measure(problem, language, candidates)
+        stats["benchmarked"] += 1
+        note = ""
+        finite = {t: v for t, v in timings.items() if v is not None}
+        cached = {"choice": min(finite, key=finite.get) if finite else ATEN, "timings": timings}
+        _write_cache(key, cached)
+    choice = cached["choice"]
+    parts = [f"{tag} {'failed' if ms is None else f'{ms:.4f}ms'}{'*' if tag == choice else ''}"
+             for tag, ms in sorted(timings.items(), key=lambda kv: (kv[1] is None, kv[1] or 0))]
+    summary = f"autotune {problem.describe()}{note}: " + ", ".join(parts)
+    winner = next(c for c in candidates if c.tag == choice)
+    return Selection(choice, winner.kernel, summary)
+
+
+def _candidates(problem: GemmProblem, language: str, name: str) -> list[Candidate]:
+    if "template" not in config.max_autotune_gemm_backends.split(","):
+        return []
+    out = []
+    if language == "cpp":
+        from wrapgen.kernels.templates.cpp_gemm import cpp_configs, cpp_gemm_source
+
+        for i, cfg in enumerate(cpp_configs(problem)):  # one library holds them all: distinct names
+            out.append(Candidate(cfg.tag, cpp_gemm_source(problem, cfg, f"{name}_c{i}")))
+    elif language == "triton":
+        from wrapgen.kernels.templates.triton_gemm import triton_configs, triton_gemm_source
+
+        for i, cfg in enumerate(triton_configs(problem)):
+            out.append(Candidate(cfg.tag, triton_gemm_source(problem, cfg, f"{name}_c{i}")))
+    return out
+
+
+# -- measuring ---------------------------------------------------------------------------------
+def _stand_ins(problem: GemmProblem) -> dict[str, torch.Tensor]:
+    """Random tensors with exactly the layouts the instance reads and writes (views of a filled
+    storage: a broadcast operand's layout overlaps itself)."""
+    device = torch.device(problem.device)
+    tensors = {}
+    for name, (sizes, strides, dtype) in problem.layouts.items():
+        extent = 1 + sum((s - 1) * abs(st) for s, st in zip(sizes, strides)) if all(sizes) else 0
+        storage = torch.empty(extent, dtype=dtype, device=device)
+        if dtype.is_floating_point:
+            storage.normal_()
+        else:
+            storage.zero_()
+        tensors[name] = storage.as_strided(sizes, strides)
+    return tensors
+
+
+def _library_call(problem: GemmProblem, tensors: dict[str, torch.Tensor]) -> Callable[[], None]:
+    """The library call the program would make, plus (with an epilogue) one pass over the
+    product standing in for the separate epilogue kernel it would still need."""
+    a, b, out = tensors[problem.a.name], tensors[problem.b.name], tensors[problem.out.name]
+    spare = torch.empty_like(out) if problem.epilogue is not None else None
+    if problem.op == "addmm":
+        bias = tensors[problem.bias.name]
+
+        def call() -> None:
+            torch.addmm(bias, a, b, beta=problem.beta, alpha=problem.alpha, out=out)
+    else:
+        product = torch.bmm if problem.op == "bmm" else torch.mm
+
+        def call() -> None:
+            product(a, b, out=out)
+    if spare is None:
+        return call
+
+    def with_epilogue() -> None:
+        call()
+        spare.copy_(out)
+
+    return with_epilogue
+
+
+def _measure(problem: GemmProblem, language: str, candidates: list[Candidate]) -> dict[str, float | None]:
+    tensors = _stand_ins(problem)
+    runners: dict[str, Callable[[], None] | None] = {}
+    templates = [c for c in candidates if c.kernel is not None]
+    if language == "cpp":
+        from wrapgen.kernels.templates.runners import cpp_runners
+
+        runners.update(cpp_runners(templates, tensors))
+    else:
+        from wrapgen.kernels.templates.runners import triton_runners
+
+        runners.update(triton_runners(templates, tensors, problem))
+    if any(c.tag == ATEN for c in candidates):
+        runners[ATEN] = _library_call(problem, tensors)
+    timer = _time_cuda if torch.device(problem.device).type == "cuda" else _time
+    timings: dict[str, float | None] = {}
+    progress = _progress(len(candidates), problem)
+    for c in candidates:
+        run = runners.get(c.tag)
+        timings[c.tag] = None if run is None else timer(run)
+        if progress is not None:
+            progress.update()
+    if progress is not None:
+        progress.close()
+    return timings
+
+
+def _time(run: Callable[[], None]) -> float | None:
+    """Median milliseconds of several calls after a warm-up (None when the candidate fails)."""
+    try:
+        run()
+        start = time.perf_counter()
+        run()
+        first = time.perf_counter() - start
+        reps = max(3, min(25, int(0.05 / max(first, 1e-6))))
+        times = [first]
+        for _ in range(reps):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+    except Exception:  # a candidate that cannot run (resources, a compile error) is not chosen
+        return None
+    return statistics.median(times) * 1e3
+
+
+def _time_cuda(run: Callable[[], None]) -> float | None:
+    """Median milliseconds per call on the GPU: CUDA events around batches of back-to-back calls
+    (about 1 ms each, so launch overhead hides behind the queue), seven batches after a warm-up."""
+    try:
+        run()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        calls = max(1, min(100, int(1.0 / max(start.elapsed_time(end), 1e-3))))
+        times = []
+        for _ in range(7):
+            start.record()
+            for _ in range(calls):
+                run()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / calls)
+    except Exception:  # a candidate that cannot run (resources, a launch error) is not chosen
+        return None
+    return statistics.median(times)
+
+
+def _progress(total: int, problem: GemmProblem):
+    print(f"wrapgen: autotuning {problem.describe()} ({total} candidates)", file=sys.stderr)
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="autotune", unit="candidate", file=sys.stderr, leave=False)
+
+
+# -- the winner cache ------------------------------------------------------------------------------
+def _versions(problem: GemmProblem, language: str) -> str:
+    parts = [torch.__version__]
+    if language == "cpp":
+        from wrapgen.kernels.cpp.build import compiler_id
+
+        parts.append(compiler_id())
+    else:
+        from wrapgen.kernels.triton import compat
+
+        parts.append(str(compat.version()))
+        if torch.device(problem.device).type == "cuda":
+            parts.append(torch.cuda.get_device_name(torch.device(problem.device)))
+    return "|".join(parts)
+
+
+def _cache_key(problem: GemmProblem, language: str, candidates: list[Candidate]) -> str:
+    """Op, sizes, strides, dtypes, device, compiler versions, and the candidates' code (which
+    holds the epilogue): the same problem with another epilogue is measured on its own."""
+    h = hashlib.sha256()
+    for part in (problem.key(), language, _versions(problem, language), config.max_autotune_gemm_backends):
+        h.update(part.encode() + b"\0")
+    for c in candidates:
+        h.update(c.tag.encode() + b"\0")
+        if c.kernel is not None:
+            h.update(c.kernel.source.replace(c.kernel.name, "KERNEL").encode() + b"\0")
+    return h.hexdigest()[:40]
+
+
+def _cache_path(key: str):
+    folder = cache_root() / "autotune"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"gemm_{key}.json"
+
+
+def _read_cache(key: str) -> dict | None:
+    try:
+        return json.loads(_cache_path(key).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_cache(key: str, entry: dict) -> None:
+    path = _cache_path(key)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".json")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(entry, handle)
+    os.replace(tmp, path)

@@ -1,0 +1,254 @@
+"""max_autotune: library matrix products become GEMM template kernels with their epilogue fused.
+
+Runs on the lowered lines before kernels are placed (`KernelGraphLowering.finish_body`). For
+each `aten::mm/addmm/bmm.out` call of static sizes it finds the pointwise fusion group that is
+the product's only reader, reading it at the very element the product holds (bias, GELU,
+residual add, scaling, a cast: the epilogue). The tuner (`kernels.templates`) measures the
+library call against template instances with that epilogue; when a template wins, the call
+and the epilogue's kernel are replaced by one `KernelDefinition` + `KernelCall`, placed where
+the epilogue's kernel would have run, the measured candidates in the definition's metadata.
+When the library wins, a comment line before the call records the measurement.
+"""
+
+from __future__ import annotations
+
+import random
+
+import sympy
+import torch
+
+from wrapgen import config
+from wrapgen.lowering.loop_ir import Load, loads, row_vars, walk
+from wrapgen.lowering.scheduler import FusionGroup, schedule
+from wrapgen.wrapper_ir.lines import Allocate, Comment, ExternKernel, KernelCall, KernelDefinition, WrapperLine
+from wrapgen.wrapper_ir.values import TensorRef, TensorType
+
+GEMM_OPS = {"aten::mm.out": "mm", "aten::addmm.out": "addmm", "aten::bmm.out": "bmm"}
+TEMPLATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def apply_gemm_templates(lowering, lines: list[WrapperLine], pending_type: type) -> list[WrapperLine]:
+    """`lines` with the matrix products that a template instance serves best replaced by it."""
+    if not config.max_autotune or lowering.language not in ("cpp", "triton"):
+        return lines
+    types = lowering._known_types()
+    products = [(i, line) for i, line in enumerate(lines) if isinstance(line, ExternKernel) and line.op in GEMM_OPS]
+    if not products:
+        return lines
+    lines = list(lines)
+    groups = _groups(lowering, lines, pending_type)
+    definitions: list[WrapperLine] = []
+    shared: dict[tuple, str] = {}  # products of the same code (a chain of identical layers) share a kernel
+    for number, (_, extern) in enumerate(products):
+        index = lines.index(extern)
+        problem_parts = _problem(extern, types, lowering.device)
+        if problem_parts is None:
+            continue
+        group, needed = _epilogue(extern, problem_parts, lines, groups, lowering, pending_type)
+        from wrapgen.kernels.templates import select_gemm
+
+        name = f"{lowering.language}_template_{problem_parts['op']}_{number}"
+        try:
+            problem = _make_problem(problem_parts, group, needed, lowering, types)
+            selection = select_gemm(problem, lowering.language, name)
+        except NotImplementedError:  # an epilogue the template cannot render: the product alone
+            group = None
+            problem = _make_problem(problem_parts, None, frozenset(), lowering, types)
+            selection = select_gemm(problem, lowering.language, name)
+        if selection.kernel is None:
+            lines.insert(index, Comment(selection.summary))
+            continue
+        kernel = selection.kernel
+        metadata = (("device", str(lowering.device)), *((k, v) for k, v in kernel.metadata if k != "device"),
+                    ("template", selection.choice), ("autotune", selection.summary))
+        same_code = (kernel.source.replace(kernel.name, "KERNEL"), metadata[:-1])  # the summary aside
+        name = shared.setdefault(same_code, kernel.name)
+        if name == kernel.name:
+            definitions.append(KernelDefinition(kernel.name, lowering.language, kernel.source, metadata))
+        call = KernelCall(name, tuple(TensorRef(t) for t in kernel.tensors), kernel.grid, kernel.written)
+        lines = _rewrite(lines, extern, group, call, lowering, pending_type)
+    return definitions + lines
+
+
+def _groups(lowering, lines: list[WrapperLine], pending_type: type) -> list[FusionGroup]:
+    """The fusion groups the kernels will have (the same schedule `finish_body` makes)."""
+    position = {line.name: i for i, line in enumerate(lines) if isinstance(line, pending_type)}
+    readers: dict[str, list[int]] = {}
+    for i, line in enumerate(lines):
+        for used in line.uses():
+            readers.setdefault(used, []).append(i)
+    order = sorted(lowering.compute.values(), key=lambda n: position[n.name])
+    return schedule(order, position, readers)
+
+
+def _static(values) -> tuple[int, ...] | None:
+    out = []
+    for v in values or ():
+        v = sympy.sympify(v)
+        if not v.is_Integer:
+            return None
+        out.append(int(v))
+    return tuple(out)
+
+
+def _problem(extern: ExternKernel, types: dict[str, TensorType], device: torch.device) -> dict | None:
+    """The product's operands as (batch, row, column) strides, or None when no template applies."""
+    op = GEMM_OPS[extern.op]
+    kwargs = dict(extern.kwargs)
+    out = kwargs.get("out")
+    args = list(extern.args)
+    if not isinstance(out, TensorRef) or not all(isinstance(a, TensorRef) for a in args[: 3 if op == "addmm" else 2]):
+        return None
+    alpha, beta = kwargs.get("alpha", 1), kwargs.get("beta", 1)
+    if op == "addmm":
+        beta, alpha = (args[3] if len(args) > 3 else beta), (args[4] if len(args) > 4 else alpha)
+    if not isinstance(alpha, (int, float)) or not isinstance(beta, (int, float)) or isinstance(alpha, bool):
+        return None
+    names = [a.name for a in args[: 3 if op == "addmm" else 2]]
+    bias_name = names.pop(0) if op == "addmm" else None
+    layouts = {}
+    for name in [*names, out.name, *([bias_name] if bias_name else [])]:
+        t = types.get(name)
+        if t is None or t.device != device:
+            return None
+        sizes, strides = _static(t.sizes), _static(t.strides)
+        if sizes is None or strides is None or len(sizes) != len(strides):
+            return None
+        layouts[name] = (sizes, strides, t.dtype)
+    (a_sizes, a_strides, a_dtype), (b_sizes, b_strides, b_dtype) = layouts[names[0]], layouts[names[1]]
+    out_sizes, out_strides, out_dtype = layouts[out.name]
+    if a_dtype != b_dtype or a_dtype not in TEMPLATE_DTYPES or out_dtype != a_dtype:
+        return None
+    if op == "bmm":
+        batch, m, k = a_sizes
+        n = b_sizes[2]
+        a3, b3, o3 = a_strides, b_strides, out_strides
+    else:
+        (m, k), n, batch = a_sizes, b_sizes[1], 1
+        a3, b3, o3 = (0, *a_strides), (0, *b_strides), (0, *out_strides)
+    if min(batch, m, n, k) < 1:
+        return None
+    bias3 = None
+    if bias_name is not None:
+        sizes, strides, dtype = layouts[bias_name]
+        if len(sizes) > 2 or dtype not in TEMPLATE_DTYPES:
+            return None
+        full = (1,) * (2 - len(sizes)) + sizes
+        st = (0,) * (2 - len(strides)) + strides
+        bias3 = (0, *(0 if size == 1 else s for size, s in zip(full, st)))
+    return {"op": op, "batch": batch, "m": m, "n": n, "k": k, "a": (names[0], a_dtype, a3), "b": (names[1], b_dtype, b3),
+            "out": (out.name, out_dtype, o3), "bias": (bias_name, layouts[bias_name][2], bias3) if bias_name else None,
+            "alpha": float(alpha), "beta": float(beta), "layouts": layouts}
+
+
+def _epilogue(extern, parts: dict, lines, groups, lowering, pending_type) -> tuple[FusionGroup | None, frozenset]:
+    """The pointwise group that is the product's only reader, and which of its members are needed."""
+    product = parts["out"][0]
+    readers = [line for line in lines if product in line.uses() and line is not extern]
+    if not readers or not all(isinstance(r, pending_type) for r in readers):
+        return None, frozenset()
+    group = next((g for g in groups if readers[0].name in g.names()), None)
+    if group is None or group.reduced or any(m.level != "row" for m in group.members):
+        return None, frozenset()
+    rows = (parts["batch"], parts["m"], parts["n"]) if parts["op"] == "bmm" else (parts["m"], parts["n"])
+    group_rows = _static(group.rows)
+    if group_rows is None or any(r.name not in group.names() for r in readers):
+        return None, frozenset()
+    strides = parts["out"][2][1:] if parts["op"] != "bmm" else parts["out"][2]
+    if group_rows != rows:
+        # a linear layer on 3-D input: the product [b*t, n] is read back as a view [b, t, n]
+        from wrapgen.kernels.templates.problem import dense_strides
+
+        flat = 1
+        for s in group_rows[:-1]:
+            flat *= s
+        if parts["op"] == "bmm" or group_rows[-1] != parts["n"] or flat != parts["m"] or strides != (parts["n"], 1):
+            return None, frozenset()
+        strides = dense_strides(group_rows)
+        rows = group_rows
+    element = sympy.expand(sum(v * s for v, s in zip(row_vars(len(rows)), strides)))
+    for m in group.members:
+        if any(isinstance(b, Load) and b.indirect for b in walk(m.node.body)):
+            return None, frozenset()
+        for ld in loads(m.node.body):
+            if ld.buffer == product and not same_element(ld.index, element, rows):
+                return None, frozenset()
+        if _static(m.node.rows) is None:
+            return None, frozenset()
+    members = group.names()
+    needed = set()
+    for line in lines:
+        if isinstance(line, pending_type) and line.name in members:
+            continue
+        needed |= members & set(line.uses())
+    return group, frozenset(needed)
+
+
+def same_element(index: sympy.Expr, element: sympy.Expr, rows: tuple[int, ...]) -> bool:
+    """Whether `index` reads the product at `element` for every point of `rows`. A view's index
+    keeps floor divisions and moduli that only its ranges make trivial (x2 // 96 is 0 for
+    x2 < 96), so when the difference does not vanish symbolically it is evaluated at the
+    domain's corners, along every axis, and at random points."""
+    difference = sympy.expand(index - element)
+    if difference == 0:
+        return True
+    variables = row_vars(len(rows))
+    if difference.free_symbols - set(variables):
+        return False
+    rng = random.Random(0)
+    points = [tuple(rng.randrange(s) for s in rows) for _ in range(32)]
+    points += [tuple(0 if (mask >> d) & 1 == 0 else s - 1 for d, s in enumerate(rows)) for mask in range(2 ** len(rows))]
+    for d, s in enumerate(rows):
+        step = max(1, s // 256)
+        points += [tuple(v if e == d else 0 for e in range(len(rows))) for v in range(0, s, step)]
+    for point in points:
+        if difference.xreplace(dict(zip(variables, map(sympy.Integer, point)))) != 0:
+            return False
+    return True
+
+
+def _make_problem(parts: dict, group, needed, lowering, types):
+    from wrapgen.kernels.templates.problem import Epilogue, GemmProblem, Operand
+
+    layouts = dict(parts["layouts"])
+    epilogue = None
+    if group is not None:
+        dtypes = lowering._buffer_dtypes()
+        epilogue = Epilogue(group, needed, dtypes)
+        for m in group.members:
+            for name in [ld.buffer for ld in loads(m.node.body)] + [m.node.name]:
+                t = types.get(name)
+                if name in layouts or name == parts["out"][0] or t is None:
+                    continue
+                sizes, strides = _static(t.sizes), _static(t.strides)
+                if sizes is None or strides is None:
+                    raise NotImplementedError(f"an epilogue reading {name}, whose layout is only known at run time")
+                layouts[name] = (sizes, strides, t.dtype)
+    bias = Operand(*parts["bias"]) if parts["bias"] else None
+    return GemmProblem(parts["op"], parts["batch"], parts["m"], parts["n"], parts["k"], Operand(*parts["a"]),
+                       Operand(*parts["b"]), Operand(*parts["out"]), bias, parts["alpha"], parts["beta"],
+                       str(lowering.device), epilogue, layouts)
+
+
+def _rewrite(lines, extern, group, call: KernelCall, lowering, pending_type) -> list[WrapperLine]:
+    """Replace the library call (and the epilogue's compute nodes) by the template's call."""
+    if group is None:
+        return [call if line is extern else line for line in lines]
+    members = group.names()
+    product = dict(extern.kwargs)["out"].name
+    allocations = {line.name: line for line in lines if isinstance(line, Allocate) and line.name in members}
+    last = max(i for i, line in enumerate(lines) if isinstance(line, pending_type) and line.name in members)
+    out: list[WrapperLine] = []
+    for i, line in enumerate(lines):
+        if i == last:
+            out += [allocations[w] for w in call.writes if w in allocations]
+            out.append(call)
+        elif line is extern or (isinstance(line, Allocate) and (line.name == product or line.name in members)):
+            continue
+        elif isinstance(line, pending_type) and line.name in members:
+            continue
+        else:
+            out.append(line)
+    for name in members:
+        lowering.compute.pop(name, None)
+    return out

@@ -1,0 +1,74 @@
+"""Max pooling as a window reduction: each output element is the max over its kernel window
+(positions in the padding count as -inf), so the pool fuses with its producer (ResNet's stem
+ReLU) instead of being a library call. Only the values are lowered: where the indices output
+is read (a backward pass's max_pool2d_with_indices_backward), the op stays a library call."""
+
+from __future__ import annotations
+
+import operator
+
+import sympy
+import torch
+import torch.fx
+
+from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, LoopValue, compute_dtype, row_vars
+from wrapgen.lowering.loop_ops.common import LoopContext, arg, cast, fake, out_fake, register, zero
+
+
+def _pair(value: object, default: object = None) -> tuple[int, int] | None:
+    if value is None or (isinstance(value, (list, tuple)) and len(value) == 0):
+        value = default
+    if isinstance(value, int):
+        return (value, value)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value) and len(value) in (1, 2):
+        return (value[0], value[-1])
+    return None
+
+
+def _pool_check(node: torch.fx.Node) -> bool:
+    source = fake(node.args[0])
+    if not isinstance(source, torch.Tensor) or source.dim() not in (3, 4) or not source.dtype.is_floating_point:
+        return False
+    kernel = _pair(arg(node, 1, "kernel_size"))
+    params = (kernel, _pair(arg(node, 2, "stride"), kernel), _pair(arg(node, 3, "padding", 0)), _pair(arg(node, 4, "dilation", 1)))
+    if any(p is None for p in params) or any(isinstance(s, torch.SymInt) for s in source.shape[-2:]):
+        return False
+    # the indices are not lowered: every reader must take the values only
+    return all(u.target is operator.getitem and u.args[1] == 0 for u in node.users)
+
+
+def _index(expr: sympy.Expr) -> Body:
+    return IndexValue(sympy.sympify(expr), torch.int64)
+
+
+@register("aten::max_pool2d_with_indices.default", check=_pool_check)
+def _max_pool2d(ctx: LoopContext, node: torch.fx.Node) -> tuple[LoopValue, LoopValue]:
+    """out[.., i, j] = max over (a, b) of x[.., i*s - p + a*d, j*s - p + b*d], reading each
+    window position at an index clamped into the input (a padding position's read is
+    discarded for -inf), so no load leaves the buffer."""
+    source = ctx.value(node.args[0])
+    values, indices = out_fake(node)
+    kernel = _pair(arg(node, 1, "kernel_size"))
+    stride = _pair(arg(node, 2, "stride"), kernel)
+    padding = _pair(arg(node, 3, "padding", 0))
+    dilation = _pair(arg(node, 4, "dilation", 1))
+    lead = len(source.sizes) - 2
+    out_sizes = ctx.shape(values.shape)
+    sizes = (*out_sizes, sympy.Integer(kernel[0]), sympy.Integer(kernel[1]))  # type: ignore[index]
+    xs = row_vars(len(sizes))
+    dtype = compute_dtype(source.dtype)
+    inside: Body | None = None
+    position = []
+    for axis in range(2):
+        at = xs[lead + axis] * stride[axis] - padding[axis] + xs[lead + 2 + axis] * dilation[axis]  # type: ignore[index]
+        length = source.sizes[lead + axis]
+        position.append(sympy.Max(0, sympy.Min(at, length - 1)))
+        for condition in (Apply("ge", (_index(at), _index(0)), torch.bool), Apply("lt", (_index(at), _index(length)), torch.bool)):
+            inside = condition if inside is None else Apply("and", (inside, condition), torch.bool)
+    read = cast(source.at((*xs[:lead], *position)), dtype)
+    body = Apply("where", (inside, read, Const(float("-inf"), dtype)), dtype)  # type: ignore[arg-type]
+    window = LoopValue(sizes, body, source.dtype)
+    pooled = ctx.reduce(window, (len(sizes) - 2, len(sizes) - 1), False, "max", values.dtype, "max_pool2d")
+    # never read (the check keeps readers of the indices on the library call)
+    unused = LoopValue(ctx.shape(indices.shape), zero(indices.dtype), indices.dtype)
+    return pooled, unused
