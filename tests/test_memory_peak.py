@@ -259,7 +259,7 @@ def test_kernel_writes_over_a_library_result_only_at_a_checked_layout(where: str
     """A library result (layout chosen by the library) is overwritten only where an
     `EnsureStrides` line checks its layout before the kernel runs; the output is then a
     `Reinterpret` of it (relative to its storage offset), not a `ReuseBuffer` (offset 0)."""
-    layout = pytest.importorskip("wrapgen.wrapper_ir.layout")
+    from wrapgen.wrapper_ir import layout
     t = f32(4, 8)
     ensure = layout.EnsureStrides("buf0", t.dtype, CPU, t.sizes, t.strides)
     result = TensorType(t.dtype, CPU, t.sizes, None)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import sympy
 import torch
 
+from wrapgen.wrapper_ir.layout import EnsureStrides
 from wrapgen.wrapper_ir.lines import Allocate, ExternKernel, Free, KernelCall, Reinterpret, ReuseBuffer, WrapperLine
 from wrapgen.wrapper_ir.passes.peak_memory import live_bytes
 from wrapgen.wrapper_ir.passes.storage import StorageAnalysis
@@ -87,9 +88,9 @@ class _Planner:
         if not isinstance(result, TensorType):
             return None
         for other in self.lines[created + 1 : before]:
-            if type(other).__name__ == "EnsureStrides" and getattr(other, "name", None) == name:
-                strides = tuple(other.strides)  # type: ignore[attr-defined]
-                if tuple(other.sizes) != tuple(result.sizes) or (  # type: ignore[attr-defined]
+            if isinstance(other, EnsureStrides) and other.name == name:
+                strides = tuple(other.strides)
+                if tuple(other.sizes) != tuple(result.sizes) or (
                     result.strides is not None and tuple(result.strides) != strides
                 ):
                     return None
