@@ -65,14 +65,19 @@ def fresh_inductor_caches(root: str) -> Iterator[None]:
 
     torch._dynamo.reset()
     directory = tempfile.mkdtemp(prefix="inductor-", dir=root)
-    names = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
-    os.environ["TRITON_CACHE_DIR"] = os.path.join(directory, "triton")
     _clear_inductor_caches()
-    try:
+    with _environment(TORCHINDUCTOR_CACHE_DIR=directory, TRITON_CACHE_DIR=os.path.join(directory, "triton")):
         with torch._inductor.config.patch(force_disable_caches=True):
             yield
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    """Environment variables set for the block, restored after it."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
     finally:
         for name, value in saved.items():
             if value is None:
@@ -93,7 +98,10 @@ def _torch_compile(mode: str | None) -> Build:
 
 @contextlib.contextmanager
 def fresh_wrapgen_cache(root: str) -> Iterator[None]:
-    with wrapgen.config.patch(cache_dir=tempfile.mkdtemp(prefix="wrapgen-", dir=root)):
+    """A cold wrapgen compile: its own cache and Triton's pointed at a new empty directory (as
+    for torch.compile), so no contender reuses the Triton kernels another one compiled."""
+    directory = tempfile.mkdtemp(prefix="wrapgen-", dir=root)
+    with _environment(TRITON_CACHE_DIR=os.path.join(directory, "triton")), wrapgen.config.patch(cache_dir=directory):
         yield
 
 

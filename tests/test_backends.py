@@ -135,3 +135,21 @@ def test_generated_module_runs_as_a_script() -> None:
     out = subprocess.run([sys.executable, compiled.artifact.path], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("us per call")
+
+
+def test_python_target_makes_views_of_constants_once() -> None:
+    """A static view of a weight (the transpose a matmul reads) is made when the module's constants
+    are bound, not on every call; it shares the weight's storage, so in-place updates show."""
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128, bias=False)).eval()
+    x = torch.randn(64, 256)
+    with torch.no_grad():
+        compiled = wrapgen.compile(model, (x,), target="python")
+        body = compiled.source.split("def call(args):")[1].split("def _synchronize")[0]
+        binder = compiled.source.split("def _bind_constant_views():")[1].split("def call(args):")[0]
+        assert "p_0_weight" in binder and "p_2_weight" in binder
+        assert "_reinterpret(p_" not in body  # no per-call view of a parameter left
+        torch.testing.assert_close(compiled(x), model(x))
+        model[2].weight.mul_(-0.5)
+        torch.testing.assert_close(compiled(x), model(x))
+        fresh = torch.randn(64, 256)
+        torch.testing.assert_close(compiled(fresh), model(fresh))

@@ -311,7 +311,8 @@ def test_precompiled_header_is_made_once_a_cache_holds_enough_models(tmp_path) -
     from wrapgen.kernels.cpp import build as kernel_build
 
     x = torch.randn(4, 8)
-    models = [lambda t, k=k: torch.relu(t) + k for k in range(cpp_build.PCH_AFTER_MODELS + 2)]
+    # k + 1 outputs: each model's wrapper differs (an identical wrapper reuses its cached object)
+    models = [lambda t, k=k: [torch.relu(t) + i for i in range(k + 1)] for k in range(cpp_build.PCH_AFTER_MODELS + 2)]
     commands: list[list[str]] = []
     run = kernel_build._run
 

@@ -145,6 +145,14 @@ OPTIONS: dict[str, Option] = {
             "Triton reductions over a dynamic row length get persistent variants (one per power-of-two row "
             "bucket) beside the looped kernel; each call times them once per bucket and keeps the fastest",
         ),
+        Option(
+            "layout_optimization",
+            bool,
+            True,
+            "WRAPGEN_LAYOUT_OPTIMIZATION",
+            "run 2-d convolutions on CUDA in channels-last (input and weights copied per call, the layout "
+            "flowing through the ops that follow; outputs keep eager's strides) so cuDNN never transposes",
+        ),
     )
 }
 
@@ -164,6 +172,7 @@ cuda_graphs: bool = OPTIONS["cuda_graphs"].parse_env()
 max_autotune: bool = OPTIONS["max_autotune"].parse_env()
 max_autotune_gemm_backends: str = OPTIONS["max_autotune_gemm_backends"].parse_env()
 multi_kernel: bool = OPTIONS["multi_kernel"].parse_env()
+layout_optimization: bool = OPTIONS["layout_optimization"].parse_env()
 
 _module = sys.modules[__name__]
 

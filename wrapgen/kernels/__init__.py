@@ -8,9 +8,9 @@ from collections.abc import Callable
 def kernel_codegen(language: str) -> Callable:
     """The generator for `language`: (group, name, needed buffers, dtypes, hints, aligned) -> GeneratedKernel."""
     if language == "cpp":
-        from wrapgen.kernels.cpp.codegen import generate_cpp
+        from wrapgen.kernels.cpp.column_reduction import generate_cpp_kernel
 
-        return generate_cpp
+        return generate_cpp_kernel
     if language == "triton":
         from wrapgen.kernels.triton.codegen import generate_triton
 

@@ -12,11 +12,12 @@ error is raised.
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
 import torch
+
+from wrapgen.kernels.timing import seconds_per_call
 
 # How many times each choice has benchmarked its candidates (tests check "once per key").
 BENCHMARKS: Counter[str] = Counter()
@@ -69,32 +70,6 @@ class KernelChoice:
 
 
 def _time(launch: Callable[[], object], writes: Sequence[torch.Tensor]) -> float:
-    """Seconds per launch (median of a few rounds), after one warm-up launch."""
+    """Seconds per launch: device time on CUDA; on the host a launch is long enough to time alone."""
     cuda = any(w.is_cuda for w in writes) or torch.cuda.is_available() and not writes
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    launch()
-    sync()
-    start = time.perf_counter()
-    launch()
-    sync()
-    estimate = max(time.perf_counter() - start, 1e-7)
-    # on the host (C++ kernels, Triton's interpreter) a launch is long enough to time alone
-    reps = int(min(max(_TARGET_SECONDS / estimate, _MIN_REPS if cuda else 1), _MAX_REPS))
-    if cuda:
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        rounds = []
-        for _ in range(3):
-            begin.record()
-            for _ in range(reps):
-                launch()
-            end.record()
-            end.synchronize()
-            rounds.append(begin.elapsed_time(end) / 1e3 / reps)
-        return sorted(rounds)[1]
-    rounds = []
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(reps):
-            launch()
-        rounds.append((time.perf_counter() - start) / reps)
-    return sorted(rounds)[1]
+    return seconds_per_call(launch, cuda, _TARGET_SECONDS, min_calls=_MIN_REPS if cuda else 1, max_calls=_MAX_REPS)

@@ -38,4 +38,18 @@ def aot_autograd_table() -> dict:
 
     table = core_aten_decompositions()
     table.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
+    table.update(_training_decompositions())
     return table
+
+
+def _training_decompositions() -> dict:
+    """`_log_softmax` as its primitives (amax, sub, exp, sum, log), as Inductor decomposes it.
+    Whole, the op's full-size result is what the partitioner must save for the backward
+    (a cross entropy over a vocabulary: a logits-sized buffer written by the forward and read by
+    the backward). Decomposed, the partitioner can save the logits (the matmul's output, saved
+    anyway) and the per-row max and log-sum, and the backward recomputes the rest inside its
+    fused kernel. The lowering fuses the primitives exactly as it fuses the whole op."""
+    from torch._decomp import decomposition_table
+
+    ops = (torch.ops.aten._log_softmax.default,)
+    return {op: decomposition_table[op] for op in ops if op in decomposition_table}

@@ -36,6 +36,8 @@ from wrapgen.lowering.loop_ir import (
     walk,
 )
 from wrapgen.lowering.loop_ops import LOWERINGS, VIEW_OPS, op_key, supported
+from wrapgen.lowering.loop_ops.index_put import CPP_ONLY
+from wrapgen.lowering.loop_order import reduction_order, reorder
 from wrapgen.lowering.multi_kernel import with_reduction_variants
 from wrapgen.lowering.scheduler import FusionGroup, schedule
 from wrapgen.lowering.user_triton import is_user_triton
@@ -127,6 +129,8 @@ class KernelGraphLowering(GraphLowering):
 
     def _excluded(self, node: torch.fx.Node) -> bool:
         """Ops the kernel language cannot express on this device (they stay library calls)."""
+        if self.language != "cpp" and op_key(node) in CPP_ONLY:
+            return True  # a generated C++ kernel, not a loop body (index_put.py)
         if self.language == "triton" and self.device.type == "cpu":
             from wrapgen.kernels.triton.ops import INTERPRETER_UNSUPPORTED
 
@@ -152,11 +156,11 @@ class KernelGraphLowering(GraphLowering):
             value = self.values[node.args[0]][node.args[1]]
         else:
             value = LOWERINGS[op_key(node)](self, node)
-        if isinstance(value, tuple):
-            return value
+        if isinstance(value, (tuple, Buffer)):
+            return value  # several results, or a buffer a kernel of its own writes (index_put.py)
         external = any(u not in self.loop_nodes for u in node.users)
         several = len(node.users) > 1 and op_key(node) not in VIEW_OPS
-        reads = {ld.buffer for ld in loads(value.body)}
+        reads = _full_size_reads(value)
         shared = several and (size(value.body) > INLINE_LIMIT or len(reads) > READS_LIMIT)
         if external or shared:
             return self.realize(value, node.meta["val"], op_key(node) or "getitem")
@@ -232,8 +236,10 @@ class KernelGraphLowering(GraphLowering):
         if not self._dense(type_):
             type_ = TensorType(type_.dtype, type_.device, type_.sizes, contiguous_strides(type_.sizes))
         self.lines.append(Allocate(name, type_))
-        store = _linear(row_vars(len(type_.sizes)), type_.strides)
-        self._add_compute(ComputeNode(name, value.dtype, type_.sizes, value.body, store, origin=origin))
+        # a permuted layout (channels-last) is walked in memory order: see loop_order.py
+        hints = {info.symbol: info.hint for info in self.symbols.infos()}
+        rows, body, store = reorder(type_.sizes, type_.strides, value.body, hints)
+        self._add_compute(ComputeNode(name, value.dtype, rows, body, store, origin=origin))
         return Buffer(name, type_, name, sympy.Integer(0), True)
 
     def reduce(self, value: LoopValue, dims: tuple[int, ...], keepdim: bool, kind: str, dtype: torch.dtype, origin: str) -> LoopValue:
@@ -243,16 +249,21 @@ class KernelGraphLowering(GraphLowering):
         kept = [d for d in range(len(sizes)) if d not in dims]
         rows = tuple(sizes[d] for d in kept)
         reduced = tuple(sizes[d] for d in dims)
-        xs, rs = iter(row_vars(len(rows))), iter(red_vars(len(reduced)))
-        index = tuple(next(rs) if d in dims else next(xs) for d in range(len(sizes)))
+        # rows walked in the order of the input's memory (loop_order.py), the buffer laid out so
+        order = reduction_order(value.body, sizes, kept, {i.symbol: i.hint for i in self.symbols.infos()})
+        loop_rows = tuple(rows[k] for k in order)
+        var_of = {kept[k]: x for k, x in zip(order, row_vars(len(rows)))}
+        rs = iter(red_vars(len(reduced)))
+        index = tuple(next(rs) if d in dims else var_of[d] for d in range(len(sizes)))
         name = self.fresh()
-        strides = contiguous_strides(rows)
+        loop_strides = contiguous_strides(loop_rows)
+        strides = tuple(loop_strides[order.index(k)] for k in range(len(rows)))
         stored = compute_dtype(dtype)
         self.lines.append(Allocate(name, TensorType(stored, self.device, rows, strides)))
-        store = _linear(row_vars(len(rows)), strides)
+        store = _linear(row_vars(len(rows)), loop_strides)
         # arg reductions keep the best value so far (in its compute dtype) beside its index
         acc = compute_dtype(value.body.dtype) if kind in ("argmax", "argmin") else accumulator_dtype(kind, dtype)
-        node = ComputeNode(name, stored, rows, value.at(index), store, kind, reduced, sizes, index, acc, origin)
+        node = ComputeNode(name, stored, loop_rows, value.at(index), store, kind, reduced, sizes, index, acc, origin)
         self._add_compute(node)
         out_sizes = tuple(sympy.Integer(1) if d in dims else s for d, s in enumerate(sizes)) if keepdim else rows
         out_vars = row_vars(len(out_sizes))
@@ -343,6 +354,15 @@ class KernelGraphLowering(GraphLowering):
                 if isinstance(t, TensorType):
                     types[name] = t
         return types
+
+
+def _full_size_reads(value: LoopValue) -> set[str]:
+    """The buffers `value` reads along its innermost dimension (or by gather): those an inlined
+    copy keeps alive. A per-row or scalar read (a cross entropy's targets and scale beside its
+    logits-sized gradient) is small, and recomputing from it is cheap."""
+    inner = row_vars(len(value.sizes))[-1:]
+    return {ld.buffer for ld in loads(value.body)
+            if not inner or ld.indirect or inner[0] in sympy.sympify(ld.index).free_symbols}
 
 
 def _read_outside(name: str, where: list[int], lines: list[WrapperLine], groups: list[FusionGroup]) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from wrapgen import config
 from wrapgen.lowering.attention_masks import float_attention_masks
 from wrapgen.lowering.capture import CapturedGraph
+from wrapgen.lowering.conv_layout import channels_last_convolutions
 from wrapgen.lowering.graph_lowering import GraphLowering
 from wrapgen.lowering.kernel_lowering import KernelGraphLowering
 from wrapgen.wrapper_ir.program import Program
@@ -16,6 +17,7 @@ from wrapgen.wrapper_ir.program import Program
 
 def lower_captured(captured: CapturedGraph, name: str = "forward") -> Program:
     """Lower with generated kernels when `config.kernels` is on, else to library calls only."""
+    captured = channels_last_convolutions(captured)  # config.layout_optimization: NHWC convolutions
     if config.kernels:
         # Only with kernels: the mask conversion pays off when it fuses into a generated kernel.
         return KernelGraphLowering(float_attention_masks(captured), name).lower()

@@ -25,13 +25,11 @@
 // for the whole run, since graph memory is shared by all runs), and each run's stream waits for
 // the previous run's work (an event), so static buffers are never written while a replay reads.
 //
-// libcuda is opened with dlopen, as in cuda_kernels.h: this header compiles without the CUDA
+// The driver comes from cuda_driver.h (dlopen of libcuda): this header compiles without the CUDA
 // toolkit; without USE_CUDA (a CPU model) a region always runs eagerly.
 #pragma once
 #ifndef WRAPGEN_CUDA_GRAPHS_H_
 #define WRAPGEN_CUDA_GRAPHS_H_
-
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -41,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "wrapgen/cuda_driver.h"
 #include "wrapgen/runtime.h"
 
 namespace wrapgen {
@@ -49,69 +48,16 @@ namespace graphs {
 constexpr size_t kMaxGraphs = 8;     // recorded graphs kept per region (least recently used dropped)
 constexpr int kMaxRecords = 64;      // a region recorded more often runs eagerly from then on
 
-using CUresult = int;
-using CUstream = struct CUstream_st*;
-using CUevent = struct CUevent_st*;
-using CUgraph = struct CUgraph_st*;
-using CUgraphExec = struct CUgraphExec_st*;
+using cuda::CUevent;
+using cuda::CUresult;
+using cuda::CUgraph;
+using cuda::CUgraphExec;
+using cuda::CUstream;
+using cuda::Driver;
+using cuda::driver;
 constexpr unsigned kStreamNonBlocking = 1;      // CU_STREAM_NON_BLOCKING
 constexpr int kCaptureModeRelaxed = 2;          // CU_STREAM_CAPTURE_MODE_RELAXED
 constexpr unsigned kEventDisableTiming = 2;     // CU_EVENT_DISABLE_TIMING
-
-// The driver entry points graphs need, resolved once from libcuda.so.1.
-struct Driver {
-  CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
-  CUresult (*cuStreamCreate)(CUstream*, unsigned) = nullptr;
-  CUresult (*cuStreamBeginCapture)(CUstream, int) = nullptr;  // cuStreamBeginCapture_v2
-  CUresult (*cuStreamEndCapture)(CUstream, CUgraph*) = nullptr;
-  CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec*, CUgraph, unsigned long long) = nullptr;
-  CUresult (*cuGraphLaunch)(CUgraphExec, CUstream) = nullptr;
-  CUresult (*cuGraphExecDestroy)(CUgraphExec) = nullptr;
-  CUresult (*cuGraphDestroy)(CUgraph) = nullptr;
-  CUresult (*cuEventCreate)(CUevent*, unsigned) = nullptr;
-  CUresult (*cuEventRecord)(CUevent, CUstream) = nullptr;
-  CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned) = nullptr;
-
-  void check(CUresult code, const char* what) const {
-    if (code == 0) return;
-    const char* text = nullptr;
-    if (cuGetErrorString != nullptr) cuGetErrorString(code, &text);
-    throw Error(WG_RUNTIME_ERROR, std::string(what) + " failed: " + (text ? text : "CUDA error " + std::to_string(code)));
-  }
-};
-
-template <typename F>
-inline void resolve_graph_symbol(void* library, const char* name, F& slot) {
-  slot = reinterpret_cast<F>(dlsym(library, name));
-  if (slot == nullptr) throw Error(WG_RUNTIME_ERROR, std::string("libcuda.so.1 has no ") + name);
-}
-
-inline const Driver& driver() {
-  static std::once_flag once;
-  static Driver loaded;
-  static std::string failure;
-  std::call_once(once, [] {
-    try {
-      void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-      if (library == nullptr) throw Error(WG_RUNTIME_ERROR, "cannot open libcuda.so.1 (the NVIDIA driver)");
-      resolve_graph_symbol(library, "cuGetErrorString", loaded.cuGetErrorString);
-      resolve_graph_symbol(library, "cuStreamCreate", loaded.cuStreamCreate);
-      resolve_graph_symbol(library, "cuStreamBeginCapture_v2", loaded.cuStreamBeginCapture);
-      resolve_graph_symbol(library, "cuStreamEndCapture", loaded.cuStreamEndCapture);
-      resolve_graph_symbol(library, "cuGraphInstantiateWithFlags", loaded.cuGraphInstantiateWithFlags);
-      resolve_graph_symbol(library, "cuGraphLaunch", loaded.cuGraphLaunch);
-      resolve_graph_symbol(library, "cuGraphExecDestroy", loaded.cuGraphExecDestroy);
-      resolve_graph_symbol(library, "cuGraphDestroy", loaded.cuGraphDestroy);
-      resolve_graph_symbol(library, "cuEventCreate", loaded.cuEventCreate);
-      resolve_graph_symbol(library, "cuEventRecord", loaded.cuEventRecord);
-      resolve_graph_symbol(library, "cuStreamWaitEvent", loaded.cuStreamWaitEvent);
-    } catch (const Error& e) {
-      failure = e.what();
-    }
-  });
-  if (!failure.empty()) throw Error(WG_RUNTIME_ERROR, failure);
-  return loaded;
-}
 
 // A tensor handle a graph holds: not counted in live_handles() (the per-call leak check).
 inline AtenTensorHandle hold(Tensor&& t) { return t.release(); }

@@ -1,17 +1,14 @@
 // Loading and launching compiled GPU kernels (Triton's cubins) from C++ through the CUDA
 // driver API, for models built with `target="cpp"` on CUDA.
 //
-// libcuda is opened with dlopen on first use, so a model library links against no CUDA
-// library of its own and builds on machines without the toolkit; the few driver types used
-// here are declared locally with the driver's own values. Each kernel's binary is embedded
+// The driver comes from cuda_driver.h (libcuda opened with dlopen on first use, so a model
+// library links against no CUDA library and builds without the toolkit). Each kernel's binary is embedded
 // in the model library (the generated kernel table); it is loaded into a device's context
 // the first time it launches there, once, thread-safely, and launched with the stream and
 // grid the wrapper computes.
 #pragma once
 #ifndef WRAPGEN_CUDA_KERNELS_H_
 #define WRAPGEN_CUDA_KERNELS_H_
-
-#include <dlfcn.h>
 
 #include <array>
 #include <atomic>
@@ -23,94 +20,17 @@
 #include <string>
 
 #include "wrapgen/abi.h"
+#include "wrapgen/cuda_driver.h"
 
 namespace wrapgen {
 namespace cuda {
 
-// The driver API's types and the enum values used here (cuda.h).
-using CUresult = int;
-using CUdevice = int;
-using CUcontext = struct CUctx_st*;
-using CUmodule = struct CUmod_st*;
-using CUfunction = struct CUfunc_st*;
-using CUstream = struct CUstream_st*;
-using CUdeviceptr = unsigned long long;
-constexpr CUresult kSuccess = 0;
+// The driver API's enum values used here (cuda.h).
 constexpr int kFuncAttributeSharedSizeBytes = 1;          // CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
 constexpr int kFuncAttributeMaxDynamicSharedBytes = 8;    // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 constexpr int kDeviceAttributeMaxSharedPerBlockOptin = 97;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 constexpr int kFuncCachePreferShared = 1;                 // CU_FUNC_CACHE_PREFER_SHARED
 constexpr uint32_t kStaticSharedLimit = 48 * 1024;       // without opting in, a block gets at most this
-
-class CudaError : public std::runtime_error {
- public:
-  explicit CudaError(const std::string& message) : std::runtime_error(message) {}
-};
-
-// The driver entry points, resolved once from libcuda.so.1.
-struct Driver {
-  CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
-  CUresult (*cuDeviceGet)(CUdevice*, int) = nullptr;
-  CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice) = nullptr;
-  CUresult (*cuCtxGetCurrent)(CUcontext*) = nullptr;
-  CUresult (*cuCtxSetCurrent)(CUcontext) = nullptr;
-  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
-  CUresult (*cuModuleLoadData)(CUmodule*, const void*) = nullptr;
-  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
-  CUresult (*cuFuncGetAttribute)(int*, int, CUfunction) = nullptr;
-  CUresult (*cuFuncSetAttribute)(CUfunction, int, int) = nullptr;
-  CUresult (*cuFuncSetCacheConfig)(CUfunction, int) = nullptr;
-  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             CUstream, void**, void**) = nullptr;
-
-  std::string error_text(CUresult code) const {
-    const char* text = nullptr;
-    if (cuGetErrorString != nullptr) cuGetErrorString(code, &text);
-    return text != nullptr ? std::string(text) : "CUDA error " + std::to_string(code);
-  }
-
-  void check(CUresult code, const char* what) const {
-    if (code != kSuccess) throw CudaError(std::string(what) + " failed: " + error_text(code));
-  }
-};
-
-template <typename F>
-inline void resolve(void* library, const char* name, F& slot) {
-  slot = reinterpret_cast<F>(dlsym(library, name));
-  if (slot == nullptr) throw CudaError(std::string("libcuda.so.1 has no ") + name);
-}
-
-// The driver, or a CudaError saying why it cannot be had (no libcuda, missing symbol).
-inline const Driver& driver() {
-  static std::once_flag once;
-  static Driver loaded;
-  static std::string failure;
-  std::call_once(once, [] {
-    try {
-      void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-      if (library == nullptr) {
-        const char* why = dlerror();
-        throw CudaError(std::string("cannot open libcuda.so.1 (the NVIDIA driver): ") + (why ? why : "unknown"));
-      }
-      resolve(library, "cuGetErrorString", loaded.cuGetErrorString);
-      resolve(library, "cuDeviceGet", loaded.cuDeviceGet);
-      resolve(library, "cuDeviceGetAttribute", loaded.cuDeviceGetAttribute);
-      resolve(library, "cuCtxGetCurrent", loaded.cuCtxGetCurrent);
-      resolve(library, "cuCtxSetCurrent", loaded.cuCtxSetCurrent);
-      resolve(library, "cuDevicePrimaryCtxRetain", loaded.cuDevicePrimaryCtxRetain);
-      resolve(library, "cuModuleLoadData", loaded.cuModuleLoadData);
-      resolve(library, "cuModuleGetFunction", loaded.cuModuleGetFunction);
-      resolve(library, "cuFuncGetAttribute", loaded.cuFuncGetAttribute);
-      resolve(library, "cuFuncSetAttribute", loaded.cuFuncSetAttribute);
-      resolve(library, "cuFuncSetCacheConfig", loaded.cuFuncSetCacheConfig);
-      resolve(library, "cuLaunchKernel", loaded.cuLaunchKernel);
-    } catch (const CudaError& e) {
-      failure = e.what();
-    }
-  });
-  if (!failure.empty()) throw CudaError(failure);
-  return loaded;
-}
 
 constexpr int kMaxDevices = 64;
 

@@ -8,8 +8,6 @@
 // the first error propagates. Choices are per model library (internal linkage).
 #pragma once
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -22,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "wrapgen/cuda_driver.h"
 #include "wrapgen/runtime.h"
 
 namespace wrapgen {
@@ -123,16 +122,10 @@ static inline KernelChoice& kernel_choice(const std::string& name) {
   return *slot;
 }
 
-// Wait for a CUDA stream through the driver API (already loaded by the kernel loader).
+// Wait for a CUDA stream through the driver API.
 inline void cuda_stream_sync(void* stream) {
-  using Sync = int (*)(void*);
-  static Sync sync = [] {
-    void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    if (library == nullptr) library = dlopen("libcuda.so.1", RTLD_NOW);
-    return library == nullptr ? nullptr : reinterpret_cast<Sync>(dlsym(library, "cuStreamSynchronize"));
-  }();
-  if (sync == nullptr) throw Error(WG_RUNTIME_ERROR, "cuStreamSynchronize is not available");
-  if (sync(stream) != 0) throw Error(WG_RUNTIME_ERROR, "cuStreamSynchronize failed");
+  const cuda::Driver& d = cuda::driver();
+  d.check(d.cuStreamSynchronize(static_cast<cuda::CUstream>(stream)), "cuStreamSynchronize");
 }
 
 }  // namespace wrapgen

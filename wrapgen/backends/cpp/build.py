@@ -5,7 +5,8 @@ Kernels compile to cached objects exactly as for the Python target
 and `cpp_runtime/include`, and everything links against libtorch (`-Wl,-z,now`, so a
 libtorch that lacks a shim function fails at load time with the symbol's name, not at the
 first call). The library is cached under `cache_dir/cpp_model/` by a hash of everything
-that goes into it.
+that goes into it; each wrapper unit's object is cached there too, by its own hash, so that
+`start_wrapper_compile` can build it while the program's GPU kernels are still compiling.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import functools
 import hashlib
 import os
 import tempfile
+import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -124,14 +126,83 @@ def make_precompiled_header(flags: tuple[str, ...] = ()) -> Path | None:
     return header
 
 
-def _write_source(folder: Path, name: str, text: str) -> Path:
-    path = folder / name
+def _write_source(path: Path, text: str) -> Path:
     if not path.exists():
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".cpp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".cpp")
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
         os.replace(tmp, path)
     return path
+
+
+def _folder() -> Path:
+    folder = cache_root() / "cpp_model"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def unit_object(text: str, compile_flags: tuple[str, ...] = ()) -> Path:
+    """Where the cache keeps one wrapper unit's object (built or not): a hash of its text,
+    the flags, the compiler, torch and the runtime headers."""
+    key = _digest(text, " ".join(WRAPPER_FLAGS + compile_flags), kernel_build.compiler_id(), torch.__version__,
+                  _runtime_digest())
+    return _folder() / f"model_unit_{key}.o"
+
+
+# Wrapper units compiling in the background (start_wrapper_compile), by object path; the
+# build that needs one waits for it instead of compiling it again.
+_started: dict[Path, Future[Path]] = {}
+_started_lock = threading.Lock()
+_background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="wrapgen-cxx")
+
+
+def _compile_unit(text: str, compile_flags: tuple[str, ...], obj: Path) -> Path:
+    """One wrapper unit -> its cached object (compiled unless the cache holds it)."""
+    if obj.exists():
+        return obj
+    src = _write_source(obj.with_suffix(".cpp"), text)
+    includes = _includes()
+    pch = precompiled_header(compile_flags)
+    if pch is not None:
+        includes += ["-include", str(pch), "-Winvalid-pch"]
+    fd, tmp = tempfile.mkstemp(dir=obj.parent, suffix=".o")
+    os.close(fd)
+    try:
+        _run([kernel_build.CXX, *WRAPPER_FLAGS, *compile_flags, *includes, "-c", str(src), "-o", tmp],
+             "compiling the C++ wrapper", src)
+        os.replace(tmp, obj)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return obj
+
+
+def start_wrapper_compile(source: str, compile_flags: tuple[str, ...] = ()) -> None:
+    """Start compiling the wrapper `source` in a background g++, for a model whose other parts
+    (its GPU kernels' table) are not known yet: the wrapper then compiles while Triton does,
+    and `build_model` finds its object made (or waits for it). Errors surface in build_model.
+    The runtime header is precompiled first (once per cache and flags): that time is hidden
+    behind Triton's too, and the kernel table, compiled after Triton, then skips the headers."""
+    obj = unit_object(source, compile_flags)
+    with _started_lock:
+        if obj.exists() or obj in _started:
+            return
+        _started[obj] = _background.submit(_precompile_then_compile, source, compile_flags, obj)
+
+
+def _precompile_then_compile(source: str, compile_flags: tuple[str, ...], obj: Path) -> Path:
+    make_precompiled_header(compile_flags)  # None (compile without) where the compiler cannot
+    return _compile_unit(source, compile_flags, obj)
+
+
+def _unit(text: str, compile_flags: tuple[str, ...]) -> Path:
+    """The object for one wrapper unit: the background compile's, if one was started, else made here."""
+    obj = unit_object(text, compile_flags)
+    with _started_lock:
+        started = _started.pop(obj, None)
+    if started is not None:
+        return started.result()
+    return _compile_unit(text, compile_flags, obj)
 
 
 def build_model(
@@ -146,8 +217,7 @@ def build_model(
     translation units compiled like the wrapper, e.g. a GPU kernel table), built once, then
     cached. `compile_flags`/`link_flags` come from the devices the program uses. Kernels and
     wrapper units compile side by side in worker threads (each is one g++ process)."""
-    folder = cache_root() / "cpp_model"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _folder()
     objects = [kernel_build.object_path(text) for text in kernel_sources]
     key = _digest(
         source, *extra_sources, *(o.name for o in objects), " ".join(WRAPPER_FLAGS + compile_flags + link_flags),
@@ -156,43 +226,28 @@ def build_model(
     library = folder / f"model_{key}.so"
     if library.exists():
         return library
-    sources = [_write_source(folder, f"model_{key}.cpp", source)]
-    sources += [_write_source(folder, f"model_{key}_part{i}.cpp", text) for i, text in enumerate(extra_sources, 1)]
-    includes = _includes()
-    pch = precompiled_header(compile_flags)
-    if pch is not None:
-        includes += ["-include", str(pch), "-Winvalid-pch"]
+    units = [source, *extra_sources]
     # Without a precompiled header yet, this build compiles without one; a cache that has
     # built enough models makes one beside this build's compiles, for the builds after it.
-    make_pch = pch is None and len(list(folder.glob("model_*.so"))) >= PCH_AFTER_MODELS
-    built: list[str] = []
-    for _ in sources:
-        fd, obj = tempfile.mkstemp(dir=folder, suffix=".o")
-        os.close(fd)
-        built.append(obj)
-
-    def compile_wrapper(unit: tuple[Path, str]) -> None:
-        src, obj = unit
-        _run([kernel_build.CXX, *WRAPPER_FLAGS, *compile_flags, *includes, "-c", str(src), "-o", obj],
-             "compiling the C++ wrapper", src)
-
-    jobs = len(kernel_sources) + len(sources) + int(make_pch)
+    make_pch = precompiled_header(compile_flags) is None and len(list(folder.glob("model_*.so"))) >= PCH_AFTER_MODELS
+    jobs = len(kernel_sources) + len(units) + int(make_pch)
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, os.cpu_count() or 1))) as pool:
+        built: list[Future[Path]] = [pool.submit(_unit, text, compile_flags) for text in units]
+        kernel_build.prepare_prelude(kernel_sources)  # here, while the wrapper compiles
+        futures = [pool.submit(kernel_build.compile_object, text) for text in kernel_sources] + built
+        if make_pch:
+            futures.append(pool.submit(make_precompiled_header, compile_flags))
+        futures.append(pool.submit(kernel_build.fast_linker_flags))  # probed once per process
+        for future in futures:
+            future.result()
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so")
+    os.close(fd)
+    libs = ["-lmvec"] if kernel_build.use_mvec() else []
+    lib_dir = torch_library_dir()
+    link = [*(str(f.result()) for f in built), *map(str, objects), "-o", tmp, f"-L{lib_dir}",
+            f"-Wl,-rpath,{lib_dir}", "-Wl,-z,now", *link_flags, "-ltorch_cpu", "-lc10", *libs, "-lm"]
+    fast = kernel_build.fast_linker_flags()
     try:
-        with ThreadPoolExecutor(max_workers=max(1, min(jobs, os.cpu_count() or 1))) as pool:
-            futures = [pool.submit(kernel_build.compile_object, text) for text in kernel_sources]
-            futures += [pool.submit(compile_wrapper, unit) for unit in zip(sources, built)]
-            if make_pch:
-                futures.append(pool.submit(make_precompiled_header, compile_flags))
-            futures.append(pool.submit(kernel_build.fast_linker_flags))  # probed once per process
-            for future in futures:
-                future.result()
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so")
-        os.close(fd)
-        libs = ["-lmvec"] if kernel_build.use_mvec() else []
-        lib_dir = torch_library_dir()
-        link = [*built, *map(str, objects), "-o", tmp, f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", "-Wl,-z,now",
-                *link_flags, "-ltorch_cpu", "-lc10", *libs, "-lm"]
-        fast = kernel_build.fast_linker_flags()
         try:
             _run([kernel_build.CXX, "-shared", "-fopenmp", *fast, *link], "linking the C++ model")
         except ModelBuildError:
@@ -202,7 +257,6 @@ def build_model(
             _run([kernel_build.CXX, "-shared", "-fopenmp", *link], "linking the C++ model")
         os.replace(tmp, library)
     finally:
-        for obj in built:
-            if os.path.exists(obj):
-                os.remove(obj)
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return library

@@ -225,8 +225,10 @@ class CppEmitter(CppGraphRegions, EnsureStridesMixin, CppMultiKernelMixin, Emitt
             link_flags += [f for f in more_link if f not in link_flags]
         extra_sources = []
         if self.gpu_kernels:
+            from wrapgen.backends.cpp.build import start_wrapper_compile
             from wrapgen.backends.cpp.gpu_kernels import kernel_table_source
 
+            start_wrapper_compile(source, tuple(compile_flags))  # g++ runs while Triton compiles the kernels
             extra_sources.append(kernel_table_source(self.gpu_kernels))
         library = build_model(source, [k.source for k in self.kernels], extra_sources=extra_sources,
                               compile_flags=tuple(compile_flags), link_flags=tuple(link_flags))

@@ -131,11 +131,12 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
         self.depth = 1
         self.ops: dict[str, str] = {}
         self.devices: dict[str, str] = {}
-        self.allocated: set[str] = set()  # names whose storage starts at offset 0
         self.kernels: list[KernelDefinition] = []
         self.kernel_signatures: dict[str, str] = {}
         self.call_prologues: set[str] = set()
         self.pool_views: dict[tuple[str, torch.dtype], str] = {}
+        self.bound_constants = set(program.constant_values())
+        self.constant_views: dict[str, str] = {}  # name -> the view expression, made at load
         self.types = program.value_types()
         names = ", ".join(program.input_names())
         # A device type the program uses one device of gets its fast paths (its device made
@@ -178,12 +179,13 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
             "from wrapgen.backends.python.runtime import (",
             "    INF, NAN, advise_huge_pages, assert_finite, benchmark, check_arg_count, current_cuda_device,",
             "    empty_strided_cpu, empty_strided_cuda, example_tensor,",
-            "    input_mismatch, op_callable, scalar_mismatch, symbol_out_of_range,",
+            "    input_mismatch, op_callable, reinterpret_tensor, scalar_mismatch, symbol_out_of_range,",
             ")",
             "",
             "from wrapgen.backends.runtime import with_strides as _with_strides",
             "_Tensor = torch.Tensor",
-            "_as_strided = torch.as_strided",
+            "_as_strided = torch.as_strided  # absolute storage offset: a reused buffer starts at its storage's start",
+            "_reinterpret = reinterpret_tensor  # offset relative to the source's: a view",
             "_empty_strided = torch.empty_strided",
         ]
         header += [f"{var} = torch.device({dev!r})" for dev, var in self.devices.items()]
@@ -195,8 +197,21 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
             header.append("_sanitizer = None  # the program's ProgramSanitizer (config.sanitize), bound by the loader")
         header.append("# Constants (parameters and buffers), bound by the loader before the first call.")
         header += [f"{c.name} = None" for c in program.constants]
-        lines = header + ["", "", "def call(args):"] + self.body + ["", ""] + self.graph_source() + self.benchmark_source(program)
+        lines = header + ["", "", *self.constant_views_source(), "def call(args):"] + self.body + ["", ""]
+        lines += self.graph_source() + self.benchmark_source(program)
         return "\n".join(lines) + "\n"
+
+    def constant_views_source(self) -> list[str]:
+        """`_bind_constant_views()`: the loader calls it once the constants are bound. A view
+        shares its constant's storage, so it sees the constant's in-place updates."""
+        names = list(self.constant_views)
+        body = [f"    {name} = {view}" for name, view in self.constant_views.items()]
+        return [
+            *([*(f"{name} = None" for name in names), "", ""] if names else []),
+            "def _bind_constant_views():",
+            *([f"    global {', '.join(names)}", *body] if names else ["    pass"]),
+            "", "",
+        ]
 
     def benchmark_source(self, program: Program) -> list[str]:
         """`benchmark_compiled_module()`: random inputs and constants at the symbols' hints."""
@@ -231,6 +246,7 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
             "    for name, value in missing.items():",
             "        if globals()[name] is None:",
             "            globals()[name] = value",
+            "    _bind_constant_views()",
             f"    args = [{', '.join(examples)}]",
             "    seconds = benchmark(call, args, _synchronize, times, repeat)",
             '    print(f"{seconds * 1e6:.1f} us per call")',
@@ -247,6 +263,7 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
         module = load_python_module(path)
         for name, value in program.constant_values().items():
             setattr(module, name, value)
+        module._bind_constant_views()
         if self.sanitizer is not None:
             module._sanitizer = self.sanitizer
         return CompiledArtifact(module.call, source, path)
@@ -287,7 +304,6 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
 
     def emit_allocate(self, line: Allocate) -> None:
         t = line.type
-        self.allocated.add(line.name)
         overrides = device_overrides(t.device)
         allocate = type(overrides).python_allocate if t.device.type in self.single_device_types else DeviceOverrides.python_allocate
         allocation = allocate(overrides, py_tuple(t.sizes), py_tuple(t.strides or ()), str(t.dtype), self.device_handle(t.device))
@@ -297,7 +313,6 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
 
     def emit_reuse_buffer(self, line: ReuseBuffer) -> None:
         t, source = line.type, self.types.get(line.source)
-        self.allocated.add(line.name)
         if isinstance(source, TensorType) and (source.dtype, source.sizes, source.strides) == (t.dtype, t.sizes, t.strides):
             self.writeline(f"{line.name} = {line.source}  # reuse")
             return
@@ -316,18 +331,27 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
         fractional = any(not r.is_Integer for r in offset.atoms(sympy.Rational))
         text = f"({py_expr(line.offset)}) // {t.dtype.itemsize}" if fractional else py_expr(offset)
         self.writeline(
-            f"{line.name} = _as_strided({self.pool_views[key]}, {py_tuple(t.sizes)}, {py_tuple(t.strides or ())}, {text})"
+            f"{line.name} = _reinterpret({self.pool_views[key]}, {py_tuple(t.sizes)}, {py_tuple(t.strides or ())}, {text})"
         )
 
     def emit_free(self, line: Free) -> None:
+        if line.name in self.constant_views:
+            return  # a module-level view of a constant: it lives as long as the module
         views = [view for (pool, _), view in self.pool_views.items() if pool == line.name]
         self.writeline(f"del {', '.join([line.name, *views])}")
 
     def emit_reinterpret(self, line: Reinterpret) -> None:
-        offset = py_expr(line.offset)
-        if line.source not in self.allocated:
-            offset = f"{line.source}.storage_offset() + {offset}" if line.offset != 0 else f"{line.source}.storage_offset()"
-        self.writeline(f"{line.name} = _as_strided({line.source}, {py_tuple(line.sizes)}, {py_tuple(line.strides)}, {offset})")
+        view = f"_reinterpret({line.source}, {py_tuple(line.sizes)}, {py_tuple(line.strides)}, {py_expr(line.offset)})"
+        if self._is_constant_view(line):
+            self.constant_views[line.name] = view
+            return
+        self.writeline(f"{line.name} = {view}")
+
+    def _is_constant_view(self, line: Reinterpret) -> bool:
+        """A static view of a constant (a weight's transpose for a matmul) is made once, when the
+        constants are bound, instead of on every call."""
+        bound = line.source in self.bound_constants or line.source in self.constant_views
+        return bound and self.sanitizer is None and not line.symbols_used()
 
     def emit_extern_kernel(self, line: ExternKernel) -> None:
         parts = [py_value(a) for a in line.args] + [f"{k}={py_value(v)}" for k, v in line.kwargs]

@@ -36,6 +36,24 @@ MAX_RECORDS = 64
 _same_pointers = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 
 
+def prepare_capture_stream(stream: torch.cuda.Stream) -> None:
+    """Make cuBLAS's workspace for `stream` now, before a recording starts.
+
+    cuBLAS keeps one workspace per stream (32 MiB on Hopper) and makes it on the stream's first
+    matmul. Made during a recording it would come out of that graph's private pool and pin it;
+    made here it is ordinary memory that later recordings on the stream reuse (torch's capture
+    stream is one per process, shared with Inductor's CUDA graphs). Where it exists already this
+    costs four tiny launches, once per recording."""
+    device = stream.device
+    dtypes = [torch.float32] + ([torch.bfloat16] if torch.cuda.is_bf16_supported() else [])
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        for dtype in dtypes:  # plain cuBLAS (mm) and cuBLASLt (addmm's bias epilogue)
+            a = torch.ones(16, 16, device=device, dtype=dtype)
+            torch.mm(a, a)
+            torch.addmm(a[0], a, a)
+    stream.synchronize()
+
+
 class GraphPool:
     """The memory pool the graphs of one program share, and the order they were recorded in."""
 
@@ -179,7 +197,9 @@ class GraphRegion:
     def _capture(self, statics: list, key: tuple) -> tuple[object, tuple]:
         """Record the region on `statics`: (the graph, with `replay()`, and its output tensors)."""
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool.handle(), capture_error_mode="thread_local"):
+        recording = torch.cuda.graph(graph, pool=self.pool.handle(), capture_error_mode="thread_local")
+        prepare_capture_stream(recording.capture_stream)
+        with recording:
             outputs = self.fn(*statics, *key)
         return graph, tuple(outputs)
 
@@ -187,4 +207,4 @@ class GraphRegion:
         return f"GraphRegion({self.name!r}, graphs={len(self.graphs)}, records={self.records}, replays={self.replays})"
 
 
-__all__ = ["MAX_GRAPHS", "MAX_RECORDS", "GraphPool", "GraphRegion"]
+__all__ = ["MAX_GRAPHS", "MAX_RECORDS", "GraphPool", "GraphRegion", "prepare_capture_stream"]

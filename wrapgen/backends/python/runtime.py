@@ -60,6 +60,15 @@ empty_strided_cuda = getattr(torch._C._dynamo.guards, "_empty_strided_cuda", _py
 current_cuda_device = getattr(torch._C, "_cuda_getDevice", lambda: 0)
 
 
+def _python_reinterpret(t: torch.Tensor, sizes: tuple, strides: tuple, offset: int) -> torch.Tensor:
+    return torch.as_strided(t, sizes, strides, t.storage_offset() + offset)
+
+
+# A view at an offset relative to the source's (torch.compile's own wrappers use the C fast
+# path: about half as_strided's host time, and no autograd record, which `call` never needs).
+reinterpret_tensor = getattr(torch._C._dynamo.guards, "_reinterpret_tensor", _python_reinterpret)
+
+
 def example_tensor(sizes: tuple, strides: tuple, dtype: torch.dtype, device: str) -> torch.Tensor:
     """Random data with the given layout (for benchmark_compiled_module)."""
     out = torch.empty_strided(sizes, strides, dtype=dtype, device=device)

@@ -113,8 +113,15 @@ def compile_object(source: str) -> Path:
         with _lock:
             stats["cache_hits"] += 1
         return obj
-    src = obj.with_suffix(".cpp")
-    _atomic_write(src, _kernel_text(source))
+    header = prelude_header()
+    # With the prelude precompiled the kernel includes it (g++ reads the .gch; the machine code
+    # is the same), else it carries the prelude's text; two names, so neither goes stale.
+    if header is None:
+        src = obj.with_suffix(".cpp")
+        _atomic_write(src, _kernel_text(source))
+    else:
+        src = obj.with_name(f"{obj.stem}_pch.cpp")
+        _atomic_write(src, f'#include "{header}"\n{source}', replace=True)  # the header's path of now
     fd, tmp = tempfile.mkstemp(dir=obj.parent, suffix=".o")
     os.close(fd)
     _run([CXX, *compile_flags(), "-c", str(src), "-o", tmp], "compiling a kernel", src)
@@ -122,6 +129,51 @@ def compile_object(source: str) -> Path:
     with _lock:
         stats["compiled"] += 1
     return obj
+
+
+# The prelude is most of a small kernel's compile (12 kernels of a small Llama: 1.43 s of CPU
+# time, 0.62 s with it precompiled); precompiling it costs ~0.3 s, one process. A build makes
+# it once it compiles this many new kernels per core (it then pays off at once); once made,
+# every later build in the cache uses it.
+PCH_MIN_KERNELS_PER_CORE = 4
+_prelude_failed: set[Path] = set()
+
+
+def _prelude_paths() -> tuple[Path, Path]:
+    key = _digest(PRELUDE, compiler_id(), " ".join(compile_flags()))
+    folder = cache_root() / "cpp_pch" / f"prelude_{key}"
+    return folder / "wg_prelude.h", folder / "wg_prelude.h.gch"
+
+
+def prelude_header(make: bool = False) -> Path | None:
+    """The kernel prelude's header if this cache holds it precompiled (for these flags, this
+    compiler, this prelude); with `make`, precompile it first. None where g++ cannot."""
+    header, gch = _prelude_paths()
+    if any(c in str(header) for c in '"\\\n'):  # cannot be named in an #include line
+        return None
+    if gch.exists():
+        return header
+    if not make or header.parent in _prelude_failed:
+        return None
+    header.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(header, PRELUDE)
+    fd, tmp = tempfile.mkstemp(dir=header.parent, suffix=".gch")
+    os.close(fd)
+    try:
+        _run([CXX, *compile_flags(), "-x", "c++-header", str(header), "-o", tmp], "precompiling the kernel prelude")
+    except KernelCompileError:
+        os.remove(tmp)
+        _prelude_failed.add(header.parent)
+        return None
+    os.replace(tmp, gch)
+    return header
+
+
+def prepare_prelude(sources: list[str]) -> None:
+    """Precompile the prelude before a build of `sources` when enough of them are new."""
+    new = sum(1 for source in sources if not object_path(source).exists())
+    if new and new >= PCH_MIN_KERNELS_PER_CORE * (os.cpu_count() or 1):
+        prelude_header(make=True)
 
 
 @functools.cache
@@ -148,6 +200,7 @@ def fast_linker_flags() -> tuple[str, ...]:
 def build_library(sources: list[str]) -> Path:
     """All kernels of one program → one shared library (compiled in parallel, cached)."""
     workers = max(1, min(len(sources), os.cpu_count() or 1))
+    prepare_prelude(sources)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         objects = list(pool.map(compile_object, sources))
     key = _digest(*(o.name for o in objects), "link", " ".join(compile_flags()))
@@ -172,8 +225,8 @@ def load_library(sources: list[str]) -> ctypes.CDLL:
         return _loaded[path]
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    if path.exists():
+def _atomic_write(path: Path, text: str, replace: bool = False) -> None:
+    if path.exists() and not replace:
         return
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=path.suffix)
     with os.fdopen(fd, "w") as handle:

@@ -24,6 +24,7 @@ import torch
 
 from wrapgen.kernels.cpp.printer import cpp_index
 from wrapgen.kernels.cpp.row_cache import plan_row_cache
+from wrapgen.kernels.cpp.row_offsets import hoist_row_offsets
 from wrapgen.kernels.segments import in_place_pairs, read_in_later_segment, segments
 from wrapgen.lowering.loop_ir import (
     Apply,
@@ -34,8 +35,10 @@ from wrapgen.lowering.loop_ir import (
     compute_dtype,
     free_cast,
     is_loop_var,
+    loads,
     red_vars,
     row_vars,
+    walk,
 )
 from wrapgen.lowering.scheduler import FusionGroup, Member
 
@@ -193,6 +196,8 @@ class CppKernelCodegen:
         self.host: dict[sympy.Expr, str] = {}
         self.symbols: set[sympy.Symbol] = set()
         self.gather_indices: set[sympy.Symbol] = set()  # locals holding indices read from data
+        self.hoisted: dict = {}  # index -> the same with its row-invariant part in a local (row_offsets.py)
+        self.row_locals: set[sympy.Symbol] = set()  # those locals (not kernel parameters)
         self.items = segments(group)
         # inner results read by a later pass go through memory
         self.stored = {n for n in self.members if n in needed} | read_in_later_segment(self.items, self.members)
@@ -219,7 +224,7 @@ class CppKernelCodegen:
     def index(self, expr: object) -> str:
         e = sympy.sympify(expr)
         text = cpp_index(e, hoist=self.size)
-        self.symbols |= {s for s in e.free_symbols if not is_loop_var(s) and s not in self.gather_indices}
+        self.symbols |= {s for s in e.free_symbols if not is_loop_var(s) and s not in self.gather_indices | self.row_locals}
         return text
 
     def size(self, expr: object) -> str:
@@ -250,7 +255,7 @@ class CppKernelCodegen:
         elif isinstance(body, Load):
             if body.buffer in local:
                 return local[body.buffer]
-            text = widen(f"{self.param(body.buffer, False)}[{self.index(body.index)}]", body.dtype)
+            text = widen(f"{self.param(body.buffer, False)}[{self.index(self.hoisted.get(body.index, body.index))}]", body.dtype)
         else:
             assert isinstance(body, Apply)
             args = [self.value(a, memo, local, w) for a in body.args]
@@ -268,25 +273,42 @@ class CppKernelCodegen:
         return name
 
     def _gather_index(self, load: Load, memo: dict, local: dict[str, str], w: _Writer) -> sympy.Expr:
-        """The load's index with each data-dependent position computed into a local; a position
-        out of range sets the kernel's status (the caller raises) and reads position 0 instead,
-        so nothing is read outside the buffer."""
+        """The load's index with each data-dependent position computed into a local (once per
+        scope: `memo`); a position out of range sets the kernel's status (the caller raises)
+        and reads position 0 instead, so nothing is read outside the buffer. The check is
+        branch-free and the status an OpenMP `|` reduction (`_finish`), so the loop still
+        vectorizes (a conditional atomic store kept gcc from if-converting it)."""
         mapping = {}
         for ind in load.indirect:
-            value = self.value(ind.value, memo, local, w)
-            name, size = self.tmp(), self.size(ind.size)
-            w.line(f"int64_t {name} = static_cast<int64_t>({value});")
-            w.line(f"if ({name} < 0 || {name} >= {size}) {{ __atomic_store_n(&wg_bad_index, 1, __ATOMIC_RELAXED); {name} = 0; }}")
-            symbol = sympy.Symbol(name, integer=True)
+            key = ("gather", ind.value, ind.size)
+            if key not in memo:
+                value = self.value(ind.value, memo, local, w)
+                name, size, bad = self.tmp(), self.size(ind.size), self.tmp()
+                w.line(f"const int64_t {name}_raw = static_cast<int64_t>({value});")
+                w.line(f"const bool {bad} = {name}_raw < 0 || {name}_raw >= {size};")
+                w.line(f"const int64_t {name} = {bad} ? 0 : {name}_raw;")
+                w.line(f"wg_bad_index |= {bad};")
+                memo[key] = name
+            symbol = sympy.Symbol(memo[key], integer=True)
             self.gather_indices.add(symbol)
             mapping[ind.symbol] = symbol
         return sympy.sympify(load.index).xreplace(mapping)
+
+    def _hoist_gathers(self, members: list[Member], memo: dict, local: dict[str, str], w: _Writer) -> None:
+        """Compute, at row level, the gather positions of `members` that do not change along the
+        reduced dimensions (an embedding row's token id under a LayerNorm of that row): once per
+        row instead of once per element and pass."""
+        for m in members:
+            for load in loads(m.node.body):
+                if load.indirect and all(_row_invariant(ind.value) for ind in load.indirect):
+                    self._gather_index(load, memo, local, w)
 
     def store(self, member: Member, var: str, w: _Writer) -> None:
         if member.node.name in self.stored:
             node = member.node
             value_dtype = compute_dtype(node.dtype if node.reduction else node.body.dtype)
-            w.line(f"{self.param(node.name, True)}[{self.index(node.store_index)}] = {narrow(var, value_dtype, node.dtype)};")
+            index = self.hoisted.get(node.store_index, node.store_index)
+            w.line(f"{self.param(node.name, True)}[{self.index(index)}] = {narrow(var, value_dtype, node.dtype)};")
 
     # -- emission --------------------------------------------------------------------------
     def generate(self) -> GeneratedKernel:
@@ -335,6 +357,7 @@ class CppKernelCodegen:
     def segment(self, members: list[Member], memo: dict, local: dict[str, str], w: _Writer) -> None:
         """One pass over the reduced dimensions: accumulate its reductions, run its inner members."""
         reductions = [m for m in members if m.level == "reduction"]
+        self._hoist_gathers(members, memo, local, w)
         results = {}
         for m in reductions:
             results[m.node.name] = f"red{self.tmp()}"
@@ -362,6 +385,7 @@ class CppKernelCodegen:
             clauses.append(f"reduction({op}:{acc})")
             accs[m.node.name] = (acc, nan)
         rs = red_vars(len(self.group.reduced))
+        self.hoisted = hoist_row_offsets(self, members, rs, w)
         ordered = any(m.node.reduction in ARG_REDUCTIONS for m in reductions)  # first index wins: no simd
         for d, (r, extent) in enumerate(zip(rs, self.group.reduced)):
             if d == len(rs) - 1 and not ordered:
@@ -388,6 +412,7 @@ class CppKernelCodegen:
         for _ in rs:
             w.depth -= 1
             w.line("}")
+        self.hoisted = {}  # its locals end with the segment's block
         for m in reductions:
             acc, nan = accs[m.node.name]
             t = ctype(m.node.dtype)
@@ -423,7 +448,9 @@ class CppKernelCodegen:
         origins = ",".join(dict.fromkeys(m.node.origin for m in self.group.members if m.node.origin))
         metadata = (("device", "cpu"), ("ops", origins))
         if self.gather_indices:
-            # a kernel that reads indices from data returns a status: nonzero if one was out of range
+            # a kernel that reads indices from data returns a status: nonzero if one was out of
+            # range; every loop combines its iterations' flags by `|`
+            body.lines = [f"{line} reduction(|:wg_bad_index)" if _omp_loop(line) else line for line in body.lines]
             head = f'extern "C" int64_t {self.name}({", ".join(params)}) {{'
             lines = [head, "  int64_t wg_bad_index = 0;", *body.lines, "  return wg_bad_index;", "}"]
             metadata += ((STATUS_KEY, True),)
@@ -439,6 +466,20 @@ ARG_REDUCTIONS = ("argmax", "argmin")
 # read from data was out of range); callers check it and raise IndexError
 STATUS_KEY = "returns_status"
 OUT_OF_RANGE = "an index read from tensor data is out of range"  # what callers raise on a nonzero status
+
+
+def _omp_loop(line: str) -> bool:
+    text = line.strip()
+    return text.startswith("#pragma omp") and (" simd" in text or " for" in text)
+
+
+def _row_invariant(body: Body) -> bool:
+    """Whether `body` reads nothing that changes along a reduced dimension (no r<d> variable)."""
+    for node in walk(body):
+        exprs = [node.index] if isinstance(node, Load) else [node.expr] if isinstance(node, IndexValue) else []
+        if any(is_loop_var(s, "r") for e in exprs for s in sympy.sympify(e).free_symbols):
+            return False
+    return True
 
 
 def _flat_reduced_index(group: FusionGroup) -> sympy.Expr:

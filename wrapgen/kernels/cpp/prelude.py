@@ -81,6 +81,8 @@ static inline int64_t wg_mod(int64_t a, int64_t b) {{
   int64_t r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }}
+static inline int64_t wg_imin(int64_t a, int64_t b) {{ return a < b ? a : b; }}
+static inline int64_t wg_imax(int64_t a, int64_t b) {{ return a > b ? a : b; }}
 template <typename T> static inline T wg_maximum(T a, T b) {{ return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }}
 template <typename T> static inline T wg_minimum(T a, T b) {{ return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }}
 {HALF_CONVERSIONS}"""

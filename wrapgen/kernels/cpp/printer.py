@@ -46,10 +46,12 @@ def cpp_index(
         if isinstance(e, (sympy.Mod, PythonMod, TorchMod)):
             return f"wg_mod({go(e.args[0])}, {go(e.args[1])})"
         if isinstance(e, (sympy.Max, sympy.Min)) or type(e).__name__ in ("Max", "Min"):
-            fn = "std::max" if "Max" in type(e).__name__ else "std::min"
+            # the prelude's by-value helpers: gcc vectorizes a load at a clamped index (cat's
+            # branches) as a gather, but not when the clamp is std::min (by reference)
+            fn = "wg_imax" if "Max" in type(e).__name__ else "wg_imin"
             text = go(e.args[0])
             for a in e.args[1:]:
-                text = f"{fn}<int64_t>({text}, {go(a)})"
+                text = f"{fn}({text}, {go(a)})"
             return text
         if hoist is not None and not any(_loop_var(s) for s in e.free_symbols):
             return hoist(e)

@@ -15,10 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +26,7 @@ from wrapgen import config
 from wrapgen.cache import cache_root
 from wrapgen.kernels.cpp.codegen import GeneratedKernel
 from wrapgen.kernels.templates.problem import GemmProblem
+from wrapgen.kernels.timing import seconds_per_call
 
 ATEN = "aten"
 stats = {"benchmarked": 0, "cache_hits": 0}
@@ -151,12 +150,12 @@ def _measure(problem: GemmProblem, language: str, candidates: list[Candidate]) -
         runners.update(triton_runners(templates, tensors, problem))
     if any(c.tag == ATEN for c in candidates):
         runners[ATEN] = _library_call(problem, tensors)
-    timer = _time_cuda if torch.device(problem.device).type == "cuda" else _time
+    cuda = torch.device(problem.device).type == "cuda"
     timings: dict[str, float | None] = {}
     progress = _progress(len(candidates), problem)
     for c in candidates:
         run = runners.get(c.tag)
-        timings[c.tag] = None if run is None else timer(run)
+        timings[c.tag] = None if run is None else _time(run, cuda)
         if progress is not None:
             progress.update()
     if progress is not None:
@@ -164,47 +163,15 @@ def _measure(problem: GemmProblem, language: str, candidates: list[Candidate]) -
     return timings
 
 
-def _time(run: Callable[[], None]) -> float | None:
-    """Median milliseconds of several calls after a warm-up (None when the candidate fails)."""
+def _time(run: Callable[[], None], cuda: bool) -> float | None:
+    """Median milliseconds per call (None when the candidate fails): on CUDA, batches of about
+    1 ms timed with events, seven of them; on the host, batches of about 10 ms, five."""
     try:
-        run()
-        start = time.perf_counter()
-        run()
-        first = time.perf_counter() - start
-        reps = max(3, min(25, int(0.05 / max(first, 1e-6))))
-        times = [first]
-        for _ in range(reps):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-    except Exception:  # a candidate that cannot run (resources, a compile error) is not chosen
+        if cuda:
+            return seconds_per_call(run, True, 1e-3, rounds=7) * 1e3
+        return seconds_per_call(run, False, 1e-2, rounds=5, max_calls=25) * 1e3
+    except Exception:  # a candidate that cannot run (resources, a compile or launch error) is not chosen
         return None
-    return statistics.median(times) * 1e3
-
-
-def _time_cuda(run: Callable[[], None]) -> float | None:
-    """Median milliseconds per call on the GPU: CUDA events around batches of back-to-back calls
-    (about 1 ms each, so launch overhead hides behind the queue), seven batches after a warm-up."""
-    try:
-        run()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        calls = max(1, min(100, int(1.0 / max(start.elapsed_time(end), 1e-3))))
-        times = []
-        for _ in range(7):
-            start.record()
-            for _ in range(calls):
-                run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / calls)
-    except Exception:  # a candidate that cannot run (resources, a launch error) is not chosen
-        return None
-    return statistics.median(times)
 
 
 def _progress(total: int, problem: GemmProblem):

@@ -137,7 +137,9 @@ def kernel_binaries(kernels: list[tuple[str, str, tuple]]) -> dict[str, tuple[co
     if compat.interpreting():
         raise RuntimeError("Triton's interpreter (TRITON_INTERPRET=1) builds no kernel binaries")
     specs = [KernelSpec(name, source, metadata) for name, source, metadata in kernels]
-    warm_in_workers(specs)
+    # Both variants are built now (the C++ target embeds them), so both warm in the workers:
+    # compiled one after another here, the unaligned ones doubled a CUDA model's cold build.
+    warm_in_workers(specs, unaligned_too=True)
     binaries = {}
     for spec in _progress(specs, "compiling Triton kernels"):
         fn = jit_function(spec.source, spec.name)
@@ -152,26 +154,31 @@ def kernel_binaries(kernels: list[tuple[str, str, tuple]]) -> dict[str, tuple[co
     return binaries
 
 
-def warm_in_workers(specs: list[KernelSpec]) -> None:
+def warm_in_workers(specs: list[KernelSpec], unaligned_too: bool = False) -> None:
     """Compile new kernels in worker processes; the compiles that follow then hit Triton's cache.
-    A kernel a worker could not compile is compiled here, where its error (if any) is raised."""
+    A kernel a worker could not compile is compiled here, where its error (if any) is raised.
+    `unaligned_too`: also the variant without the 16-byte alignment assumption, for kernels
+    with maybe-unaligned pointers (the C++ target builds both up front)."""
     threshold = workers_min()
-    todo = [spec for spec in specs if not _marker(spec).exists()]
+    wanted = [(spec, True) for spec in specs]
+    if unaligned_too:
+        wanted += [(spec, False) for spec in specs if spec.maybe_unaligned_positions()]
+    todo = [(spec, aligned) for spec, aligned in wanted if not _marker(spec, aligned).exists()]
     if threshold == 0 or len(todo) < threshold:
         return
     requests = [
-        (s.name, (str(source_path(s.source).resolve()), s.name, s.arg_kinds(True), s.constexprs, s.num_warps,
-                  s.device_index, s.num_stages))
-        for s in todo
+        (f"{s.name}|{aligned}", (str(source_path(s.source).resolve()), s.name, s.arg_kinds(aligned), s.constexprs,
+                                 s.num_warps, s.device_index, s.num_stages))
+        for s, aligned in todo
     ]
     bar = _bar(len(todo), "compiling Triton kernels (workers)")
     outcomes: list[Outcome] = compile_pool().run(requests, None if bar is None else lambda _: bar.update())
     if bar is not None:
         bar.close()
     built = {o.key for o in outcomes if o.error is None}
-    for spec in todo:
-        if spec.name in built:
-            _marker(spec).touch()
+    for spec, aligned in todo:
+        if f"{spec.name}|{aligned}" in built:
+            _marker(spec, aligned).touch()
     failed = [o for o in outcomes if o.error is not None]
     if failed:
         first = failed[0]
@@ -187,8 +194,9 @@ def workers_min() -> int:
     return 0 if compat.interpreting() else PARALLEL_MIN
 
 
-def _marker(spec: KernelSpec) -> Path:
+def _marker(spec: KernelSpec, aligned: bool = True) -> Path:
     key = f"{spec.source}|{spec.arg_types}|{spec.constexprs}|{spec.num_warps}|{spec.num_stages}|{compat.version()}"
+    key += "" if aligned else "|unaligned"
     return cache_root() / "triton" / f"built_{hashlib.sha256(key.encode()).hexdigest()[:24]}"
 
 

@@ -66,7 +66,8 @@ class CompileWorker:
     """One worker process and its pipes."""
 
     def __init__(self) -> None:
-        env = {**os.environ, **compat.worker_environment(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.environment = compat.worker_environment()  # the Triton cache its compiles land in, ...
+        env = {**os.environ, **self.environment, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.process = subprocess.Popen(
             [sys.executable, "-c", _BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
         )
@@ -178,10 +179,14 @@ class CompilePool:
             return outcomes
 
     def _workers_for(self, count: int) -> list[CompileWorker]:
-        """Up to `count` live workers (no more than max_workers), starting new ones for the dead or missing."""
-        for worker in [w for w in self.workers if not w.alive()]:
+        """Up to `count` live workers (no more than max_workers), starting new ones for the dead or missing.
+        Workers started under other Triton settings (TRITON_CACHE_DIR changed since, as a benchmark
+        does for a cold compile) are replaced: their compiles would warm a cache this process does
+        not read, and every kernel would then compile again here, one after another."""
+        current = compat.worker_environment()
+        for worker in [w for w in self.workers if not w.alive() or w.environment != current]:
             worker.stop()
-        self.workers = [w for w in self.workers if w.alive()]
+        self.workers = [w for w in self.workers if w.alive() and w.environment == current]
         while len(self.workers) < min(count, self.max_workers):
             self.workers.append(CompileWorker())
         return self.workers[:count]

@@ -8,7 +8,18 @@ materializes reductions) and the fx node, and returns a `LoopValue` (or a tuple 
 without one stays a library call. Importing this package registers every family.
 """
 
-from wrapgen.lowering.loop_ops import gathers, indexing, matmul, norms, pointwise, pooling, reductions, views  # noqa: F401 (they register)
+from wrapgen.lowering.loop_ops import (  # noqa: F401 (they register)
+    gathers,
+    index_put,
+    indexing,
+    matmul,
+    norms,
+    pointwise,
+    pooling,
+    reductions,
+    scatters,
+    views,
+)
 from wrapgen.lowering.loop_ops.common import LOWERINGS, VIEW_OPS, LoopContext, op_key, supported
 from wrapgen.lowering.loop_ops.reductions import BASIC_NORM_ORDERS, norm_order
 

@@ -11,6 +11,7 @@ import torch
 import torch.fx
 
 from wrapgen.lowering.loop_ir import HALF_DTYPES, Apply, Body, Const, IndexValue, LoopValue, compute_dtype, row_vars
+from wrapgen.lowering.loop_ops.recompute import compute_once_before_broadcast
 
 # Half precision loads, stores and casts; its arithmetic is float32 (loop_ir.compute_dtype).
 SUPPORTED_DTYPES = frozenset(
@@ -24,6 +25,10 @@ class LoopContext(Protocol):
     def reduce(self, value: LoopValue, dims: tuple[int, ...], keepdim: bool, kind: str, dtype: torch.dtype, origin: str) -> LoopValue: ...
     def computed_once(self, arg: torch.fx.Node) -> LoopValue: ...
     def in_memory(self, arg: torch.fx.Node) -> LoopValue: ...
+    def realize(self, value: LoopValue, fake: torch.Tensor, origin: str) -> object: ...
+    def load(self, buffer: object) -> LoopValue: ...
+    def fresh(self, prefix: str = "buf") -> str: ...
+    lines: list  # the program's lines so far (a lowering that is a kernel of its own appends to them)
 
 
 Lowering = Callable[[LoopContext, torch.fx.Node], object]
@@ -135,7 +140,10 @@ def operand(ctx: LoopContext, x: object, sizes: tuple, dtype: torch.dtype) -> Bo
     Arithmetic passes its compute dtype (`compute_dtype`): a number then keeps float32
     precision in a half op, as in Inductor and eager's mul and div (eager's add rounds it)."""
     if isinstance(x, torch.fx.Node):
-        return cast(broadcast(ctx.value(x), sizes), dtype)
+        value = ctx.value(x)
+        if compute_once_before_broadcast(value, sizes):  # see recompute.py
+            value = ctx.computed_once(x)
+        return cast(broadcast(value, sizes), dtype)
     if isinstance(x, sympy.Basic):
         return cast(IndexValue(x, torch.int64), dtype)
     return Const(convert_scalar(x, dtype), dtype)

@@ -11,6 +11,7 @@ import torch.fx
 
 from wrapgen.lowering.loop_ir import Body, Indirect, Load, LoopValue, row_vars
 from wrapgen.lowering.loop_ops.common import SUPPORTED_DTYPES, LoopContext, arg, fake, is_unbacked, out_fake, register
+from wrapgen.lowering.loop_ops.computed_gathers import gather_computed
 
 
 def _gather_check(source: object, index: object, out: object) -> bool:
@@ -37,11 +38,15 @@ def _read_at(ctx: LoopContext, node: torch.fx.Node, source_node: torch.fx.Node, 
     read from data) along the source's dimension `dim`."""
     out = out_fake(node)
     sizes = ctx.shape(out.shape)
-    source = ctx.in_memory(source_node)
     position = sympy.Symbol(f"gather_{node.name}", integer=True)
+    computed = ctx.value(source_node)
+    chosen = Indirect(position, position_value, computed.sizes[dim])
+    inlined = gather_computed(computed, where(position), chosen)
+    if inlined is not None:
+        return LoopValue(sizes, inlined, computed.dtype)
+    source = ctx.in_memory(source_node)
     read = source.at(where(position))
     assert isinstance(read, Load) and not read.indirect, read  # in_memory gives a plain load
-    chosen = Indirect(position, position_value, source.sizes[dim])
     return LoopValue(sizes, Load(read.buffer, read.index, read.dtype, (chosen,)), read.dtype)
 
 

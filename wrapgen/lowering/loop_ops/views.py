@@ -76,37 +76,84 @@ def _reshape(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     in_sizes = ctx.shape(fake(node.args[0]).shape)
     out_sizes = ctx.shape(out_fake(node).shape)
 
+    groups = _reshape_groups(in_sizes, out_sizes)
+
     def index_of(out: tuple) -> tuple:
-        in_kept = [d for d, s in enumerate(in_sizes) if s != 1]
-        out_kept = [d for d, s in enumerate(out_sizes) if s != 1]
-        if [in_sizes[d] for d in in_kept] == [out_sizes[d] for d in out_kept]:
-            index = [sympy.Integer(0)] * len(in_sizes)
-            for i, o in zip(in_kept, out_kept):
-                index[i] = out[o]
-            return tuple(index)
-        # Trailing dims of equal size map one to one; only the leading ones are linearized, so
-        # [16, 128, 3072] -> [2048, 3072] reads x2, not 256*(x2//3072) + ModularIndexing(x2, 1, 3072)
-        # (the same index as the store: the kernel may then compute in place).
-        common = 0
-        while common < min(len(in_sizes), len(out_sizes)) - 1 and sympy.expand(
-            sympy.sympify(in_sizes[-1 - common]) - out_sizes[-1 - common]
-        ) == 0:
-            common += 1
-        lead_in, lead_out = len(in_sizes) - common, len(out_sizes) - common
-        linear = sympy.Integer(0)
-        for d in range(lead_out):
-            linear = linear * out_sizes[d] + out[d]
-        linear = sympy.expand(linear)
-        index = []
-        for d in range(lead_in):
-            inner = sympy.Mul(*in_sizes[d + 1 : lead_in]) if d + 1 < lead_in else sympy.Integer(1)
-            if d == 0:
-                index.append(FloorDiv(linear, inner) if inner != 1 else linear)
-            else:
-                index.append(ModularIndexing(linear, inner, in_sizes[d]))
-        return (*index, *out[lead_out:])
+        if groups is None:
+            return _linearized(in_sizes, out_sizes, out)
+        index = [sympy.Integer(0)] * len(in_sizes)
+        for in_dims, out_dims in groups:
+            linear = sympy.Integer(0)
+            for d in out_dims:
+                linear = linear * out_sizes[d] + out[d]
+            linear = sympy.expand(linear)
+            for k, d in enumerate(in_dims):
+                inner = sympy.Mul(*(in_sizes[e] for e in in_dims[k + 1:]))
+                if k == 0:
+                    index[d] = FloorDiv(linear, inner) if inner != 1 else linear
+                else:
+                    index[d] = ModularIndexing(linear, inner, in_sizes[d])
+        return tuple(index)
 
     return _remap(ctx, node, index_of)
+
+
+def _same(a: object, b: object) -> bool:
+    return sympy.expand(sympy.sympify(a) - b) == 0
+
+
+def _reshape_groups(in_sizes: list, out_sizes: list) -> list[tuple[list[int], list[int]]] | None:
+    """The reshape as groups of dims (size-1 dims left out) whose sizes multiply to the same
+    number on both sides, fewest dims per group: [8, 128, 256] -> [8, 128, 8, 32] is
+    {0}->{0}, {1}->{1}, {2}->{2, 3}, so its index is 32*x2 + x3 with no division or modulo
+    (which keep a loop from vectorizing). None when the sizes do not pair up that way
+    (symbolic sizes whose products cannot be compared)."""
+    ins = [d for d, s in enumerate(in_sizes) if s != 1]
+    outs = [d for d, s in enumerate(out_sizes) if s != 1]
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(ins) and j < len(outs):
+        in_dims, out_dims = [ins[i]], [outs[j]]
+        in_size, out_size = sympy.sympify(in_sizes[ins[i]]), sympy.sympify(out_sizes[outs[j]])
+        i, j = i + 1, j + 1
+        while not _same(in_size, out_size):
+            if not (in_size.is_Integer and out_size.is_Integer):
+                return None
+            if in_size < out_size and i < len(ins):
+                in_dims.append(ins[i])
+                in_size *= in_sizes[ins[i]]
+                i += 1
+            elif out_size < in_size and j < len(outs):
+                out_dims.append(outs[j])
+                out_size *= out_sizes[outs[j]]
+                j += 1
+            else:
+                return None
+        groups.append((in_dims, out_dims))
+    return groups if i == len(ins) and j == len(outs) else None
+
+
+def _linearized(in_sizes: list, out_sizes: list, out: tuple) -> tuple:
+    """The reshape's index through the flat position, for sizes `_reshape_groups` cannot pair.
+    Trailing dims of equal size map one to one; only the leading ones are linearized, so
+    [16, 128, 3072] -> [2048, 3072] reads x2, not 256*(x2//3072) + ModularIndexing(x2, 1, 3072)
+    (the same index as the store: the kernel may then compute in place)."""
+    common = 0
+    while common < min(len(in_sizes), len(out_sizes)) - 1 and _same(in_sizes[-1 - common], out_sizes[-1 - common]):
+        common += 1
+    lead_in, lead_out = len(in_sizes) - common, len(out_sizes) - common
+    linear = sympy.Integer(0)
+    for d in range(lead_out):
+        linear = linear * out_sizes[d] + out[d]
+    linear = sympy.expand(linear)
+    index = []
+    for d in range(lead_in):
+        inner = sympy.Mul(*in_sizes[d + 1 : lead_in]) if d + 1 < lead_in else sympy.Integer(1)
+        if d == 0:
+            index.append(FloorDiv(linear, inner) if inner != 1 else linear)
+        else:
+            index.append(ModularIndexing(linear, inner, in_sizes[d]))
+    return (*index, *out[lead_out:])
 
 
 def _slice_check(node: torch.fx.Node) -> bool:

@@ -1,0 +1,126 @@
+"""Sums down the columns of a row-major tensor (bias and norm-weight gradients) as C++ kernels
+that run along memory.
+
+The general kernel puts each output element in the outer loop and walks the reduced dimension
+inside it: for `grad.sum(0)` of a [tokens, features] gradient that is a strided walk per
+feature, one scalar accumulator, nothing to vectorize. Here the output is cut into blocks of
+`BLOCK` adjacent elements (parallel over blocks): each block keeps `BLOCK` accumulators and the
+reduced loop, outside, feeds them a contiguous `BLOCK`-wide slice of each row (the simd loop),
+so every load is contiguous and every row is read once per block. The sum of each output
+element still runs over the reduced elements in order (accumulating in the same type).
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from wrapgen.kernels.cpp.codegen import CppKernelCodegen, GeneratedKernel, _Writer, ctype, generate_cpp
+from wrapgen.lowering.loop_ir import Load, loads, red_vars, row_vars
+from wrapgen.lowering.scheduler import FusionGroup
+
+BLOCK = 16  # output elements per block: one or two vector registers of float
+
+
+def is_column_reduction(group: FusionGroup) -> bool:
+    """Sums (and per-element work on their results) whose loads are contiguous along the
+    innermost kept dimension (coefficient 1) and not along the innermost reduced dimension; no
+    sum reads another result of the group (that would need a second pass)."""
+    if not group.rows or not group.reduced or not group.members:
+        return False
+    sums = [m for m in group.members if m.level == "reduction"]
+    if not sums or any(m.level not in ("reduction", "row") for m in group.members):
+        return False
+    if any(m.node.reduction != "sum" or not m.node.dtype.is_floating_point for m in sums):
+        return False
+    x0, inner = row_vars(len(group.rows))[-1], red_vars(len(group.reduced))[-1]
+    produced = {m.node.name for m in group.members}
+    columns = False
+    for m in sums:
+        for load in loads(m.node.body):
+            if load.buffer in produced:
+                return False  # a sum of another sum of this group needs two passes
+            step = _coefficient(load, x0)
+            if step is None or step not in (0, 1):
+                return False
+            if step == 1:
+                along_inner = _coefficient(load, inner)
+                if along_inner is None or along_inner == 1:
+                    return False  # contiguous along the reduction: the row-wise kernel suits it
+                columns = True
+    return columns
+
+
+def _coefficient(load: Load, var: sympy.Symbol) -> int | None:
+    """How far `load`'s index moves when `var` grows by one (None: not affine in it, or gathered)."""
+    if load.indirect:
+        return None
+    index = sympy.expand(sympy.sympify(load.index))
+    if not index.is_polynomial(var) or sympy.degree(index, var) > 1:
+        return None
+    step = index.coeff(var, 1) if index.has(var) else sympy.Integer(0)
+    return int(step) if step.is_Integer else None
+
+
+class ColumnReductionCodegen(CppKernelCodegen):
+    """The column-blocked loop nest of `is_column_reduction` groups (see the module docstring)."""
+
+    def generate(self) -> GeneratedKernel:
+        g = self.group
+        self.row_cache = {}  # one pass over the reduced elements: nothing to carry between passes
+        body = _Writer()
+        xs = row_vars(len(g.rows))
+        x0 = xs[-1]  # the blocked dimension; the others are plain outer loops
+        extent = self.size(g.rows[-1])
+        parallel = self._parallel_clause(sympy.Mul(*g.rows, *g.reduced))
+        if parallel is not None:
+            collapse = f" collapse({len(xs)})" if len(xs) > 1 else ""
+            body.line(f"#pragma omp parallel for{collapse}{parallel}")
+        for x, outer in zip(xs[:-1], g.rows[:-1]):
+            body.line(f"for (int64_t {x} = 0; {x} < {self.size(outer)}; ++{x}) {{")
+            body.depth += 1
+        body.line(f"for (int64_t xb = 0; xb < {extent}; xb += {BLOCK}) {{")
+        body.depth += 1
+        body.line(f"const int64_t xe = std::min<int64_t>(xb + {BLOCK}, {extent});")
+        sums = [m for m in g.members if m.level == "reduction"]
+        accs = {}
+        for m in sums:
+            acc = f"acc{self.tmp()}"
+            accs[m.node.name] = acc
+            body.line(f"{ctype(m.node.acc_dtype)} {acc}[{BLOCK}] = {{}};")
+        for r, r_extent in zip(red_vars(len(g.reduced)), g.reduced):
+            body.line(f"for (int64_t {r} = 0; {r} < {self.size(r_extent)}; ++{r}) {{")
+            body.depth += 1
+        body.line("#pragma omp simd")
+        body.line(f"for (int64_t {x0} = xb; {x0} < xe; ++{x0}) {{")
+        body.depth += 1
+        memo: dict = {}
+        for m in sums:
+            var = self.value(m.node.body, memo, {}, body)
+            body.line(f"{accs[m.node.name]}[{x0} - xb] += static_cast<{ctype(m.node.acc_dtype)}>({var});")
+        for _ in range(len(g.reduced) + 1):
+            body.depth -= 1
+            body.line("}")
+        body.line(f"for (int64_t {x0} = xb; {x0} < xe; ++{x0}) {{")
+        body.depth += 1
+        local: dict[str, str] = {}
+        row_memo: dict = {}
+        for m in g.members:  # the sums in order, with the per-element work that follows them
+            if m.level == "reduction":
+                var = self.tmp()
+                body.line(f"const {ctype(m.node.dtype)} {var} = static_cast<{ctype(m.node.dtype)}>({accs[m.node.name]}[{x0} - xb]);")
+            else:
+                var = self.value(m.node.body, row_memo, local, body)
+            local[m.node.name] = var
+            self.store(m, var, body)
+        for _ in range(len(xs) + 1):
+            body.depth -= 1
+            body.line("}")
+        return self._finish(body)
+
+
+def generate_cpp_kernel(group: FusionGroup, name: str, needed: set[str], dtypes: dict, hints: dict | None = None,
+                        aligned: set[str] | None = None, device_type: str = "cpu") -> GeneratedKernel:
+    """`generate_cpp`, with column sums generated by `ColumnReductionCodegen`."""
+    if is_column_reduction(group):
+        return ColumnReductionCodegen(group, name, needed, dtypes).generate()
+    return generate_cpp(group, name, needed, dtypes, hints, aligned, device_type)

@@ -1,0 +1,41 @@
+"""When inlining a value into a broadcasting consumer would repeat expensive work per element.
+
+A pointwise value is normally inlined into its consumers (recomputed where it is read). If
+a consumer broadcasts it to many more elements, every transcendental in it runs once per
+consumer element instead of once per value element: a Llama-style model's rotary `cos` /
+`sin` of [1, seq, head_dim] inlined into the [batch, heads, seq, head_dim] query and key
+kernels ran batch * heads times as many cos/sin calls (and, with both of one argument,
+gcc merged them into a scalar sincos call, so the whole kernel stopped vectorizing).
+Such a value is computed once into a buffer and the consumer loads it.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from wrapgen.lowering.loop_ir import Apply, LoopValue, walk
+
+# ops that cost much more than a load (libm calls, or several of them)
+EXPENSIVE_OPS = frozenset({
+    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos", "atan",
+    "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "pow", "atan2", "sigmoid", "gelu", "gelu_tanh",
+})
+# a broadcast at least this many times the value's size computes it once (below it, the
+# extra kernel and buffer can cost more than the repeated work)
+BROADCAST_FACTOR = 4
+
+
+def _numel(sizes: tuple) -> sympy.Expr:
+    return sympy.Mul(*(sympy.sympify(s) for s in sizes))
+
+
+def compute_once_before_broadcast(value: LoopValue, sizes: tuple) -> bool:
+    """Whether `value`, read at every element of a `sizes` result, should be in memory first.
+    Not a half-precision value still held unrounded in float32: storing it would round it
+    where the inlined value is not rounded (an explicit cast to the half dtype is, and may be)."""
+    if value.body.dtype != value.dtype:
+        return False
+    ratio = _numel(sizes) / _numel(value.sizes)  # products of sizes: their symbols cancel as they are
+    if not (ratio.is_Rational and ratio >= BROADCAST_FACTOR):  # not for sizes that do not cancel, or 0
+        return False
+    return any(isinstance(n, Apply) and n.op in EXPENSIVE_OPS for n in walk(value.body))

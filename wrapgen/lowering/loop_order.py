@@ -1,0 +1,73 @@
+"""Iterate a pointwise result in the order of its memory, not of its logical dimensions.
+
+A kernel walks its rows in row-major order of the loop variables (Triton: one flat index,
+the last variable fastest; C++: nested loops, the innermost vectorized). For a result stored
+permuted, a channels-last activation (strides [HWC, 1, WC, C]) above all, that order writes
+(and reads its same-layout inputs) C elements apart: uncoalesced on a GPU, scalar on a CPU. So
+a compute node that stores a dense permuted layout gets its loop variables reordered by
+decreasing stride: the innermost variable walks the unit-stride dimension and the store
+index becomes contiguous in the new variables (one flat index, as for a contiguous result).
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from wrapgen.lowering.loop_ir import Body, row_vars, substitute
+
+
+def memory_order(sizes: tuple, strides: tuple, hints: dict) -> tuple[int, ...] | None:
+    """The logical dimensions outermost first by decreasing stride (size-1 dimensions stay in
+    place), or None when that is the logical order already or a stride is not a number at the hints."""
+    try:
+        keys = [int(sympy.sympify(s).xreplace(hints)) for s in strides]
+    except (TypeError, ValueError):
+        return None
+    moving = [d for d, s in enumerate(sizes) if sympy.sympify(s) != 1]
+    ordered = iter(sorted(moving, key=lambda d: (-keys[d], d)))
+    order = tuple(next(ordered) if d in moving else d for d in range(len(sizes)))
+    return None if order == tuple(range(len(sizes))) else order
+
+
+def reorder(sizes: tuple, strides: tuple, body: Body, hints: dict) -> tuple[tuple, Body, sympy.Expr]:
+    """(rows, body, store index) of a pointwise node storing `body` at `strides`, its loop
+    variables in memory order: variable k runs over logical dimension `order[k]`."""
+    xs = row_vars(len(sizes))
+    order = memory_order(sizes, strides, hints)
+    if order is None:
+        return tuple(sizes), body, _linear(xs, strides)
+    mapping = {xs[d]: xs[k] for k, d in enumerate(order)}
+    rows = tuple(sizes[d] for d in order)
+    store = _linear(xs, tuple(strides[d] for d in order))
+    return rows, substitute(body, mapping), store
+
+
+def _linear(index: tuple, strides: tuple) -> sympy.Expr:
+    return sympy.expand(sum((i * s for i, s in zip(index, strides)), sympy.Integer(0)))
+
+
+def reduction_order(body: Body, sizes: tuple, kept: list[int], hints: dict) -> tuple[int, ...]:
+    """The order (positions in `kept`, outermost first) to walk a reduction's kept dimensions
+    in: by decreasing stride of the first load of `body` (over `sizes`) that every kept
+    dimension moves (a max pool over an NHWC map walks channels innermost), else as they are.
+    The strides are probed by unit steps, so clamped (padded-window) indices count too."""
+    from wrapgen.lowering.loop_ir import loads
+
+    identity = tuple(range(len(kept)))
+    xs = row_vars(len(sizes))
+    moving = [k for k, d in enumerate(kept) if sympy.sympify(sizes[d]) != 1]
+    if len(moving) < 2:
+        return identity
+    for load in loads(body):
+        index = sympy.sympify(load.index)
+        if load.indirect or not all(xs[kept[k]] in index.free_symbols for k in moving):
+            continue
+        zero = {s: 0 for s in index.free_symbols}
+        try:
+            base = index.xreplace(hints).xreplace(zero)
+            steps = {k: int(index.xreplace(hints).xreplace({**zero, xs[kept[k]]: 1}) - base) for k in moving}
+        except (TypeError, ValueError):
+            return identity
+        ordered = iter(sorted(moving, key=lambda k: (-steps[k], k)))
+        return tuple(next(ordered) if k in moving else k for k in identity)
+    return identity
