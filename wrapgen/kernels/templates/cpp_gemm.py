@@ -170,14 +170,11 @@ class _EpilogueWriter:
         if self.p.op == "bmm":
             w.line("const int64_t x0 = bidx; const int64_t x1 = i0 + i; const int64_t x2 = j0 + j;")
         else:
-            dims = self.p.epilogue.row_dims()
-            for d, extent in enumerate(dims):
-                inner = 1
-                for s in dims[d + 1:]:
-                    inner *= s
-                row = "(i0 + i)" if inner == 1 else f"((i0 + i) / {inner})"
+            splits = self.p.epilogue.row_splits()
+            for d, (divisor, extent) in enumerate(splits):
+                row = "(i0 + i)" if divisor == 1 else f"((i0 + i) / {divisor})"
                 w.line(f"const int64_t x{d} = {row if d == 0 else f'{row} % {extent}'};")
-            w.line(f"const int64_t x{len(dims)} = j0 + j;")
+            w.line(f"const int64_t x{len(splits)} = j0 + j;")
         cg, memo, local = self.codegen, {}, {self.p.out.name: value}
         for _, members in cg.items:
             for m in members:

@@ -39,6 +39,18 @@ class Epilogue:
         plain mm; [b, t] for a linear layer on [b, t, k] input)."""
         return tuple(int(s) for s in self.group.rows[:-1])
 
+    def row_splits(self) -> list[tuple[int, int]]:
+        """(divisor, extent) of each leading dimension: its index is `row // divisor % extent`
+        of the product's flat row (the first needs no `% extent`, a divisor of 1 no division)."""
+        dims = self.row_dims()
+        splits = []
+        for d, extent in enumerate(dims):
+            divisor = 1
+            for inner in dims[d + 1:]:
+                divisor *= inner
+            splits.append((divisor, extent))
+        return splits
+
 
 @dataclass(frozen=True)
 class GemmProblem:

@@ -165,14 +165,11 @@ def _epilogue(p: GemmProblem, cg: _EpilogueCodegen, w: SourceWriter) -> None:
         w.line(f"x1 = rm[:, None] + {full}")
         w.line(f"x2 = rn[None, :] + {full}")
     else:
-        dims = p.epilogue.row_dims()
-        for d, extent in enumerate(dims):
-            inner = 1
-            for s in dims[d + 1:]:
-                inner *= s
-            row = "rm[:, None]" if inner == 1 else f"(rm[:, None] // {inner})"
+        splits = p.epilogue.row_splits()
+        for d, (divisor, extent) in enumerate(splits):
+            row = "rm[:, None]" if divisor == 1 else f"(rm[:, None] // {divisor})"
             w.line(f"x{d} = {row if d == 0 else f'{row} % {extent}'} + {full}")
-        w.line(f"x{len(dims)} = rn[None, :] + {full}")
+        w.line(f"x{len(splits)} = rn[None, :] + {full}")
     local, memo = {p.out.name: "mmv"}, {}
     cg.var_axes["mmv"] = frozenset("x")
     for _, members in cg.items:
