@@ -18,5 +18,6 @@ Modules, one job each:
     model_suite     the models as workloads, their contenders, tolerances and result files
     model_report    the markdown page of a model run
     model_lowering  per model: generated kernels, launches and ExternKernel lines by op
+    graphs_latency  batch-1 decoders: reduce-overhead vs wrapgen with CUDA graphs, interleaved
     run             the command line
 """

@@ -133,9 +133,48 @@ def test_worker_errors_and_deaths_come_back_as_outcomes(tmp_path: Path) -> None:
 
 def test_workers_are_used_from_the_configured_number_of_new_kernels() -> None:
     with wrapgen.config.patch(triton_compile_workers_min=None):
-        assert runtime.workers_min() == (0 if compat.interpreting() else runtime.PARALLEL_MIN)
+        cold = runtime.STARTED_MIN if worker_pool.compile_pool().started() else runtime.PARALLEL_MIN
+        assert runtime.workers_min() == (0 if compat.interpreting() else cold)
     with wrapgen.config.patch(triton_compile_workers_min=3):
         assert runtime.workers_min() == 3
+
+
+class _RecordingPool:
+    """Stands in for the worker pool: records whether it was asked to start."""
+
+    def __init__(self) -> None:
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+
+    def started(self) -> bool:
+        return self.starts > 0
+
+
+def test_a_cuda_compile_starts_the_workers_while_it_traces(monkeypatch) -> None:
+    """Example inputs on CUDA start the pool up front (fake CUDA tensors stand in here); CPU
+    inputs, workers switched off, or the interpreter start nothing. Once started, any two new
+    kernels go to the workers instead of sixteen."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    pool = _RecordingPool()
+    monkeypatch.setattr(runtime, "compile_pool", lambda: pool)
+    monkeypatch.setattr(compat, "interpreting", lambda: False)
+    with FakeTensorMode():
+        on_gpu = torch.empty(4, device="cuda")
+    with wrapgen.config.patch(triton_compile_workers_min=None):
+        assert runtime.workers_min() == runtime.PARALLEL_MIN
+        runtime.start_workers_early([torch.randn(4), None, 3])
+        assert pool.starts == 0
+        with wrapgen.config.patch(triton_compile_workers_min=0):
+            runtime.start_workers_early([on_gpu])
+        assert pool.starts == 0
+        runtime.start_workers_early([torch.randn(4), on_gpu])
+        assert pool.starts == 1 and runtime.workers_min() == runtime.STARTED_MIN
+    monkeypatch.setattr(compat, "interpreting", lambda: True)
+    runtime.start_workers_early([on_gpu])
+    assert pool.starts == 1
 
 
 def test_kernels_compile_here_when_no_worker_starts(monkeypatch, tmp_path: Path) -> None:
@@ -151,9 +190,11 @@ def test_kernels_compile_here_when_no_worker_starts(monkeypatch, tmp_path: Path)
     assert not list((cache / "triton").glob("built_*"))  # not marked as built: a later program tries again
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a real compile needs a GPU")
 def test_worker_compile_lands_in_the_parents_triton_cache(tmp_path: Path) -> None:
-    """After a worker compiled a kernel, compiling it here adds nothing to Triton's cache."""
+    """After a worker compiled a kernel and built its launcher, compiling and binding it here
+    adds nothing to Triton's cache (no kernel and no launcher is built a second time)."""
     script = f"""\
 import os, sys
 from pathlib import Path
@@ -167,11 +208,15 @@ path.write_text({KERNEL!r})
 cache = Path(os.environ["TRITON_CACHE_DIR"])
 pool = CompilePool(1)
 outcome = pool.run([("add_one", (str(path), "add_one", [("ptr", (torch.float32, True)), ("int", False)],
-                                 {{"BLOCK": 16}}, 4, 0))])
+                                 {{"BLOCK": 16}}, 4, 0, 1, True))])
 assert outcome[0].error is None, outcome
 before = sorted(p.name for p in cache.iterdir())
 fn = compat.load_module(path, "wrapgen_triton_kernel").add_one
-compat.compile_kernel(fn, [("ptr", (torch.float32, True)), ("int", False)], {{"BLOCK": 16}}, 4)
+compiled = compat.compile_kernel(fn, [("ptr", (torch.float32, True)), ("int", False)], {{"BLOCK": 16}}, 4)
+launch = compat.bind_launcher(compiled, fn, {{"BLOCK": 16}})
+x = torch.zeros(16, device="cuda")
+launch(1, 1, 1, torch.cuda.current_stream().cuda_stream, x, 16)
+assert x.eq(1).all(), x
 after = sorted(p.name for p in cache.iterdir())
 assert before and before == after, (before, after)
 print("HIT", len(before))
@@ -179,3 +224,49 @@ print("HIT", len(before))
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton_cache")}
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "HIT" in result.stdout, result.stdout + result.stderr[-3000:]
+
+
+def test_kernels_prefetched_during_lowering_are_waited_for_not_sent_again(tmp_path: Path, monkeypatch) -> None:
+    """`prefetch` sends a kernel (aligned variant and its launcher) to running workers once; the
+    target's warm-up then waits for it and marks it built, and sends only what is still missing
+    (the C++ target's unaligned variant)."""
+    from concurrent.futures import Future
+
+    submitted: list[str] = []
+    batches: list[list[str]] = []
+
+    class RunningPool:
+        def started(self) -> bool:
+            return True
+
+        def submit(self, key, args):
+            submitted.append(key)
+            assert args[-1] is True  # the launcher is built too
+            future: Future = Future()
+            future.set_result(worker_pool.Outcome(key, None))
+            return future
+
+        def run(self, requests, on_done=None):
+            batches.append([key for key, _ in requests])
+            return [worker_pool.Outcome(key, None) for key, _ in requests]
+
+    monkeypatch.setattr(runtime, "compile_pool", lambda: RunningPool())
+    monkeypatch.setattr(compat, "interpreting", lambda: False)
+    metadata = (("arg_names", ("in_ptr0", "out_ptr0", "xnumel")), ("arg_types", ("ptr:float32", "ptr:float32", "int32")),
+                ("constexprs", (("XBLOCK", 64),)), ("num_warps", 4), ("unaligned", ("in_ptr0",)), ("device", "cuda:0"))
+    spec = runtime.KernelSpec("add_one", KERNEL, metadata)
+    with wrapgen.config.patch(cache_dir=str(tmp_path), triton_compile_workers_min=None):
+        runtime.prefetch("add_one", KERNEL, metadata)
+        runtime.prefetch("add_one", KERNEL, metadata)  # already in flight
+        assert submitted == ["add_one|True|prefetched"]
+        runtime.warm_in_workers([spec], launchers=True)  # the Python target
+        assert batches == []  # waited for, not sent again
+        assert runtime._built(spec, True, True) and runtime._built(spec, True, False)
+        runtime.prefetch("add_one", KERNEL, metadata)  # built: nothing to send
+        assert submitted == ["add_one|True|prefetched"]
+        with wrapgen.config.patch(triton_compile_workers_min=1):  # (one new kernel would compile here by default)
+            runtime.warm_in_workers([spec], unaligned_too=True)  # the C++ target: only the unaligned variant is new
+        assert batches == [["add_one|False"]]
+        with wrapgen.config.patch(triton_compile_workers_min=0):
+            runtime.prefetch("other", KERNEL.replace("add_one", "other"), metadata)
+        assert submitted == ["add_one|True|prefetched"]

@@ -12,6 +12,7 @@ from wrapgen import config, debug
 from wrapgen.backends.emitter import CompiledArtifact
 from wrapgen.backends.registry import get_backend
 from wrapgen.compiled import CompiledFunction
+from wrapgen.kernels.triton.runtime import start_workers_early
 from wrapgen.lowering.capture import CapturedGraph, capture
 from wrapgen.lowering.lower import lower_captured
 from wrapgen.specialize import SizeSpecializations
@@ -35,6 +36,8 @@ def _check_arguments(model: object, example_inputs: object, dynamic: object) -> 
 
 def _capture(model: object, example_inputs: object, dynamic: object) -> CapturedGraph:
     inputs = _check_arguments(model, example_inputs, dynamic)
+    first_parameter = next(iter(model.parameters()), None) if isinstance(model, torch.nn.Module) else None
+    start_workers_early([*inputs, first_parameter])  # they start while torch.export traces
     return capture(model, inputs, bool(dynamic))
 
 

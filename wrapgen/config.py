@@ -109,7 +109,8 @@ OPTIONS: dict[str, Option] = {
             None,
             "WRAPGEN_TRITON_COMPILE_WORKERS_MIN",
             "compile a program's new Triton kernels in worker processes first when it has at least this many "
-            "(unset: 16, and never in Triton's interpreter, which compiles nothing; 0: never)",
+            "(unset: 2 once workers run, which a compile for CUDA starts while it traces, else 16; never in "
+            "Triton's interpreter, which compiles nothing; 0: never, and no workers are started)",
             True,
         ),
         Option(

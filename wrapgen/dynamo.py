@@ -56,12 +56,15 @@ def wrapgen_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dic
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+    from wrapgen.kernels.triton.runtime import start_workers_early
     from wrapgen.lowering.decompositions import aot_autograd_table
 
     config.validate(dict(options or {}))
     # Options are taken now, when dynamo compiles: the backward graph, compiled at the first
     # backward call (maybe outside a `config.patch` block), gets the same ones as the forward.
     settings = {**config.snapshot(), **(options or {})}
+    with config.patch(settings):
+        start_workers_early(example_inputs)  # they start while aot_autograd traces
 
     def compiler(name: str) -> Callable:
         def compile_graph(graph: torch.fx.GraphModule, _inputs: list) -> Callable:

@@ -15,7 +15,7 @@ import dataclasses
 import torch
 from torch._guards import detect_fake_mode
 
-from wrapgen.lowering.capture import CapturedGraph
+from wrapgen.lowering.capture import CapturedGraph, graph_module
 
 aten = torch.ops.aten
 
@@ -81,4 +81,4 @@ def float_attention_masks(captured: CapturedGraph) -> CapturedGraph:
         else:
             node.args = (*node.args[:position], converted[key], *node.args[position + 1:])  # type: ignore[misc]
     graph.lint()
-    return dataclasses.replace(captured, graph_module=torch.fx.GraphModule(gm, graph))
+    return dataclasses.replace(captured, graph_module=graph_module(gm, graph))

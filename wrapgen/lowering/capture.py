@@ -15,6 +15,7 @@ import torch.fx
 from torch.export import Dim
 from torch.export._remove_effect_tokens_pass import _remove_effect_tokens
 from torch.export.graph_signature import InputKind, OutputKind
+from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 from torch.utils import _pytree as pytree
 
 from wrapgen.errors import LoweringError
@@ -52,6 +53,13 @@ class _FunctionModule(torch.nn.Module):
         return self.fn(*args, **kwargs)
 
 
+def graph_module(root: torch.nn.Module, graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    """`torch.fx.GraphModule(root, graph)`, made lazily: the lowering reads the graph, so its
+    Python code (a whole-model codegen plus `compile`) is only generated if the module is run."""
+    with _use_lazy_graph_module(True):
+        return _make_graph_module(root, graph)
+
+
 def is_aten_graph(gm: torch.fx.GraphModule) -> bool:
     """True when every call in the graph is already an ATen overload (or getitem / symbolic int math)."""
     for node in gm.graph.nodes:
@@ -77,16 +85,20 @@ def capture(model: object, example_inputs: Sequence[object], dynamic: bool) -> C
     dynamic_shapes = _all_dims_dynamic(args) if dynamic and args else None  # no inputs: nothing is dynamic
     if dynamic_shapes is not None and isinstance(module, _FunctionModule):
         dynamic_shapes = (dynamic_shapes,)  # forward(*args) takes them as one tuple
-    try:
-        exported = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
-    except Exception as err:  # torch's own tracing failure: report it as such
-        raise LoweringError(f"torch.export could not capture the program: {type(err).__name__}: {err}") from err
-    try:
-        exported = exported.run_decompositions(export_table(), **triton_op_decomposition())
-    except Exception as err:  # torch could not take its own graph down to core ATen
-        raise LoweringError(
-            f"torch.export could not capture the program: run_decompositions: {type(err).__name__}: {err}"
-        ) from err
+    # Lazy graph modules (as torch.compile uses them): the graphs torch.export builds and rebuilds
+    # on the way are turned into Python code only if something runs or prints them, not at each
+    # of its passes (about half of its recompiles; the graphs themselves are the same).
+    with _use_lazy_graph_module(True):
+        try:
+            exported = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+        except Exception as err:  # torch's own tracing failure: report it as such
+            raise LoweringError(f"torch.export could not capture the program: {type(err).__name__}: {err}") from err
+        try:
+            exported = exported.run_decompositions(export_table(), **triton_op_decomposition())
+        except Exception as err:  # torch could not take its own graph down to core ATen
+            raise LoweringError(
+                f"torch.export could not capture the program: run_decompositions: {type(err).__name__}: {err}"
+            ) from err
     if any(spec.kind == InputKind.TOKEN for spec in exported.graph_signature.input_specs):
         # Ops with side effects (e.g. linalg's error checks) are threaded through effect
         # tokens; the program runs them in graph order anyway, so call them directly.

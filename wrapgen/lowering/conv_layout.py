@@ -31,7 +31,7 @@ import torch.fx
 from torch._guards import detect_fake_mode
 
 from wrapgen import config
-from wrapgen.lowering.capture import CapturedGraph
+from wrapgen.lowering.capture import CapturedGraph, graph_module
 
 # Devices on which the rewrite runs. CPU is left out: on the small ResNet config the per-call
 # weight copies cost more than mkldnn's transposes save (benchmarks/conv_layout_ab.py, README).
@@ -101,7 +101,7 @@ def channels_last_convolutions(captured: CapturedGraph, devices: frozenset[str] 
         return captured
     if not pays(len(convs), restores):
         return captured
-    module = torch.fx.GraphModule(captured.graph_module, rewritten)
+    module = graph_module(captured.graph_module, rewritten)
     return _renamed(dataclasses.replace(captured, graph_module=module), graph, rewritten)
 
 

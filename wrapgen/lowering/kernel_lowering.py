@@ -18,6 +18,7 @@ import sympy
 import torch
 import torch.fx
 
+from wrapgen.kernels.triton.runtime import prefetch
 from wrapgen.lowering.gemm_templates import apply_gemm_templates
 from wrapgen.lowering.graph_lowering import Buffer, GraphLowering, _mutated_argument_indices
 from wrapgen.lowering.loop_ir import (
@@ -297,8 +298,9 @@ class KernelGraphLowering(GraphLowering):
         definitions: list[WrapperLine] = []
         shared: dict[tuple, str] = {}
         allocations = {line.name: line for line in lines if isinstance(line, Allocate) and line.name in self.compute}
+        dtypes = self._buffer_dtypes()  # the loop below adds no buffers: one scan of the lines, not one per kernel
         for number, group in enumerate(groups):
-            kernel = codegen(group, f"{self.language}_fused_{_describe(group)}_{number}", needed, self._buffer_dtypes(),
+            kernel = codegen(group, f"{self.language}_fused_{_describe(group)}_{number}", needed, dtypes,
                              hints, aligned, self.device.type)
             calls: list[WrapperLine] = []
             for expr in kernel.host_exprs:
@@ -311,11 +313,13 @@ class KernelGraphLowering(GraphLowering):
             name = shared.setdefault(same_code, kernel.name)
             if name == kernel.name:
                 definitions.append(KernelDefinition(kernel.name, self.language, kernel.source, metadata))
+                if self.language == "triton":
+                    prefetch(kernel.name, kernel.source, metadata)  # compiles while the rest is lowered
             # Outputs are allocated right before the call (memory planning may then write in place).
             calls += [allocations[w] for w in kernel.written if w in allocations]
             call = KernelCall(name, args, kernel.grid, tuple(kernel.written), kernel.may_alias)
             # config.multi_kernel: a reduction over a symbolic row length also gets persistent variants
-            calls.append(with_reduction_variants(self, group, call, definitions, needed, self._buffer_dtypes(), hints, aligned))
+            calls.append(with_reduction_variants(self, group, call, definitions, needed, dtypes, hints, aligned))
             last = max(position[m.node.name] for m in group.members)
             at_position[last] = calls
         out: list[WrapperLine] = definitions

@@ -16,6 +16,7 @@ between them is float32, so a fused chain rounds once where eager rounds after e
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache, lru_cache
 
 import sympy
 import torch
@@ -31,6 +32,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in HALF_DTYPES else dtype
 
 
+@cache  # made for every index of every body: sympy's own Symbol cache costs more
 def loop_var(prefix: str, d: int) -> sympy.Symbol:
     """A loop variable: `x<d>` (pointwise / kept dimension) or `r<d>` (reduced dimension)."""
     return sympy.Symbol(f"{prefix}{d}", integer=True, nonnegative=True)
@@ -108,6 +110,7 @@ def free_cast(body: Body) -> bool:
 def substitute(body: Body, mapping: dict) -> Body:
     """Replace loop variables simultaneously in every index of `body`."""
     memo: dict[int, Body] = {}
+    pairs = tuple(mapping.items())
 
     def go(node: Body) -> Body:
         key = id(node)
@@ -115,9 +118,9 @@ def substitute(body: Body, mapping: dict) -> Body:
             return memo[key]
         if isinstance(node, Load):
             indirect = tuple(Indirect(i.symbol, go(i.value), i.size) for i in node.indirect)
-            out: Body = Load(node.buffer, sympy.expand(sympy.sympify(node.index).xreplace(mapping)), node.dtype, indirect)
+            out: Body = Load(node.buffer, _reindex(node.index, pairs), node.dtype, indirect)
         elif isinstance(node, IndexValue):
-            out = IndexValue(sympy.expand(sympy.sympify(node.expr).xreplace(mapping)), node.dtype)
+            out = IndexValue(_reindex(node.expr, pairs), node.dtype)
         elif isinstance(node, Apply):
             out = Apply(node.op, tuple(go(a) for a in node.args), node.dtype)
         else:
@@ -126,6 +129,14 @@ def substitute(body: Body, mapping: dict) -> Body:
         return out
 
     return go(body)
+
+
+@lru_cache(maxsize=65536)
+def _reindex(index: object, pairs: tuple) -> sympy.Expr:
+    """`index` with the loop variables replaced, expanded. Cached: a stack of identical layers
+    inlines the same index at the same place over and over, and rebuilding a Min/Max or a
+    floor division through xreplace makes sympy re-derive its simplifications each time."""
+    return sympy.expand(sympy.sympify(index).xreplace(dict(pairs)))
 
 
 def walk(body: Body):

@@ -10,7 +10,7 @@
 //   else { Tensor t_x = call.bind(0); ...; call.begin_body(); <lines>; call.end_body({&t_out}, {...}); }
 //
 // The first call with a key (the key symbols, and the strides of the inputs copied in) runs the
-// lines eagerly (the warm-up); the second records them on a capture stream of the program's own
+// lines eagerly on the capture stream (the warm-up); the second records them on a capture stream of the program's own
 // (PyTorch's current stream is switched to it, so library calls are recorded too) and launches
 // the graph; later ones copy the copied inputs into the graph's static buffers and launch it.
 // Inputs used in place (constants, parameters) are checked by address: a changed address (for
@@ -246,21 +246,21 @@ class Call {
     return stat;
   }
 
-  // Starts recording (when this run records): the lines that follow are captured, not run.
+  // Starts recording (when this run records): the lines that follow are captured, not run. A
+  // warm-up runs them on the capture stream too, so library calls make their per-stream state
+  // (cuBLAS's 32 MiB workspace) for the stream that records, not also for the caller's.
   void begin_body() {
-    if (!capturing_wanted_) return;
 #ifdef USE_CUDA
-    if (!pending_) pending_ = std::make_unique<Graph>();
-    const Driver& d = driver();
-    if (program_.capture_stream == nullptr) {
-      d.check(d.cuStreamCreate(&program_.capture_stream, kStreamNonBlocking), "cuStreamCreate");
-      d.check(d.cuEventCreate(&program_.done, kEventDisableTiming), "cuEventCreate");
+    if (!capturing_wanted_) {
+      if (can_capture_) {
+        enter_capture_stream();
+        warming_ = true;
+      }
+      return;
     }
-    caller_ = static_cast<CUstream>(current_cuda_stream(device_));
-    // the capture stream starts after the caller's queued work (the static buffers' copies)
-    d.check(d.cuEventRecord(program_.done, caller_), "cuEventRecord");
-    d.check(d.cuStreamWaitEvent(program_.capture_stream, program_.done, 0), "cuStreamWaitEvent");
-    check(aoti_torch_create_cuda_stream_guard(program_.capture_stream, device_, &stream_guard_), "aoti_torch_create_cuda_stream_guard");
+    if (!pending_) pending_ = std::make_unique<Graph>();
+    enter_capture_stream();
+    const Driver& d = driver();
     d.check(d.cuStreamBeginCapture(program_.capture_stream, kCaptureModeRelaxed), "cuStreamBeginCapture");
     capturing_ = true;
 #endif
@@ -281,6 +281,11 @@ class Call {
 
   // Ends recording: `outputs` are the region's outputs, `live` the other tensors it defined.
   void end_body(std::initializer_list<Tensor*> outputs, std::initializer_list<Tensor*> live) {
+    if (warming_) {
+      warming_ = false;
+      leave_capture_stream();
+      return;
+    }
     if (!capturing_) return;
 #ifdef USE_CUDA
     const Driver& d = driver();
@@ -358,6 +363,32 @@ class Call {
 #endif
   }
 
+  // PyTorch's current stream becomes the capture stream, after the caller's queued work (the
+  // static buffers' copies, the inputs' producers).
+  void enter_capture_stream() {
+#ifdef USE_CUDA
+    const Driver& d = driver();
+    if (program_.capture_stream == nullptr) {
+      d.check(d.cuStreamCreate(&program_.capture_stream, kStreamNonBlocking), "cuStreamCreate");
+      d.check(d.cuEventCreate(&program_.done, kEventDisableTiming), "cuEventCreate");
+    }
+    caller_ = static_cast<CUstream>(current_cuda_stream(device_));
+    d.check(d.cuEventRecord(program_.done, caller_), "cuEventRecord");
+    d.check(d.cuStreamWaitEvent(program_.capture_stream, program_.done, 0), "cuStreamWaitEvent");
+    check(aoti_torch_create_cuda_stream_guard(program_.capture_stream, device_, &stream_guard_), "aoti_torch_create_cuda_stream_guard");
+#endif
+  }
+
+  // After a warm-up: the caller's stream again, its later work after what the warm-up queued.
+  void leave_capture_stream() {
+#ifdef USE_CUDA
+    drop_stream_guard();
+    const Driver& d = driver();
+    d.check(d.cuEventRecord(program_.done, program_.capture_stream), "cuEventRecord");
+    d.check(d.cuStreamWaitEvent(caller_, program_.done, 0), "cuStreamWaitEvent");
+#endif
+  }
+
   void drop_stream_guard() {
 #ifdef USE_CUDA
     if (stream_guard_ != nullptr) {
@@ -369,6 +400,14 @@ class Call {
 
   // A recording cut short by an error: end the capture, keep nothing, run this region eagerly.
   void abort() noexcept {
+    if (warming_) {  // a warm-up cut short: back on the caller's stream
+      warming_ = false;
+      try {
+        leave_capture_stream();
+      } catch (...) {
+      }
+      return;
+    }
     if (!capturing_) return;
     capturing_ = false;
 #ifdef USE_CUDA
@@ -391,6 +430,7 @@ class Call {
   bool can_capture_ = false;
   bool capturing_wanted_ = false;
   bool capturing_ = false;
+  bool warming_ = false;
   std::vector<int64_t> key_;
   std::vector<const Tensor*> inputs_;
   std::vector<bool> in_place_;

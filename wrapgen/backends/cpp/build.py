@@ -7,6 +7,12 @@ libtorch that lacks a shim function fails at load time with the symbol's name, n
 first call). The library is cached under `cache_dir/cpp_model/` by a hash of everything
 that goes into it; each wrapper unit's object is cached there too, by its own hash, so that
 `start_wrapper_compile` can build it while the program's GPU kernels are still compiling.
+
+A wrapper unit compiles only its own code: the runtime helpers it calls (input checks, the
+dispatcher stack, allocation, kernel launch) are declared by the headers under
+WRAPGEN_RUNTIME_LINKED and compiled once per cache and flags into `runtime_object`, which
+every model links (but a cache's first CPU model, which compiles them inline: HEADER_ONLY); the
+template compiles the run function itself at -O0 (host glue).
 """
 
 from __future__ import annotations
@@ -25,8 +31,20 @@ import torch
 from wrapgen.cache import cache_root
 from wrapgen.kernels.cpp import build as kernel_build
 
-# Host code: -O1 compiles twice as fast as -O2 and the wrapper's time goes to libtorch calls.
-WRAPPER_FLAGS = ("-O1", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-w")
+# Host code: -O1 compiles twice as fast as -O2 and the wrapper's time goes to libtorch calls
+# (the template compiles the program's run function itself unoptimized). WRAPGEN_RUNTIME_LINKED:
+# the runtime helpers are only declared in each wrapper unit; their definitions compile once per
+# cache and flags into the runtime object (runtime_object) that models link.
+WRAPPER_FLAGS = ("-O1", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-w", "-DWRAPGEN_RUNTIME_LINKED")
+_RUNTIME_SOURCE = """// wrapgen's runtime helpers, out of line: compiled once per cache, linked into every model.
+#define WG_RT_INLINE
+#include "wrapgen/runtime.h"
+#include "wrapgen/runtime_impl.h"
+#ifdef USE_CUDA
+#include "wrapgen/cuda_kernels.h"
+#include "wrapgen/cuda_kernels_impl.h"
+#endif
+"""
 _PCH_SOURCE = "#include <algorithm>\n#include <cstdint>\n#include <limits>\n#include <vector>\n#include \"wrapgen/runtime.h\"\n"
 
 
@@ -126,6 +144,50 @@ def make_precompiled_header(flags: tuple[str, ...] = ()) -> Path | None:
     return header
 
 
+def runtime_object(flags: tuple[str, ...] = ()) -> Path:
+    """The runtime helpers' object for `flags` (cpp_runtime/include/wrapgen/*_impl.h), compiled
+    once per cache, compiler, torch and runtime headers; every model built with `flags` links it,
+    so no wrapper unit compiles the helpers again."""
+    obj = _runtime_path(flags)
+    with _runtime_lock:  # a second caller (build_model, the background compile) waits, not repeats
+        if not obj.exists():
+            obj.parent.mkdir(parents=True, exist_ok=True)
+            _compile_runtime(obj, flags)
+    return obj
+
+
+_runtime_lock = threading.Lock()
+_runtime_requested: set[Path] = set()  # runtime objects a background compile was started for
+# A cache's first model compiles its helpers inline (-U below: the headers define them) rather
+# than make the runtime object (~0.7 s of g++) for a single model; every later one links it.
+HEADER_ONLY = ("-UWRAPGEN_RUNTIME_LINKED",)
+
+
+def _runtime_path(flags: tuple[str, ...]) -> Path:
+    key = _digest(_RUNTIME_SOURCE, _runtime_digest(), " ".join(WRAPPER_FLAGS + flags), kernel_build.compiler_id(), torch.__version__)
+    return cache_root() / "cpp_runtime" / f"runtime_{key}.o"
+
+
+def _links_runtime(flags: tuple[str, ...], folder: Path) -> bool:
+    """Whether a model built now links the runtime object: it exists or is being made, or the
+    cache already holds a model (so the object pays off from this one on)."""
+    path = _runtime_path(flags)
+    return path.exists() or path in _runtime_requested or any(folder.glob("model_*.so"))
+
+
+def _compile_runtime(obj: Path, flags: tuple[str, ...]) -> None:
+    src = _write_source(obj.with_suffix(".cpp"), _RUNTIME_SOURCE)
+    fd, tmp = tempfile.mkstemp(dir=obj.parent, suffix=".o")
+    os.close(fd)
+    try:
+        _run([kernel_build.CXX, *WRAPPER_FLAGS, *flags, *_includes(), "-c", str(src), "-o", tmp],
+             "compiling the C++ runtime", src)
+        os.replace(tmp, obj)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def _write_source(path: Path, text: str) -> Path:
     if not path.exists():
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".cpp")
@@ -181,18 +243,25 @@ def start_wrapper_compile(source: str, compile_flags: tuple[str, ...] = ()) -> N
     """Start compiling the wrapper `source` in a background g++, for a model whose other parts
     (its GPU kernels' table) are not known yet: the wrapper then compiles while Triton does,
     and `build_model` finds its object made (or waits for it). Errors surface in build_model.
-    The runtime header is precompiled first (once per cache and flags): that time is hidden
-    behind Triton's too, and the kernel table, compiled after Triton, then skips the headers."""
+    Beside it the runtime object and the precompiled runtime header are made (once per cache
+    and flags), hidden behind Triton's compile too: the kernel table, compiled after Triton,
+    then skips the headers. The wrapper does not wait for the header: with the helpers out of
+    line, making the header (~0.9 s) costs more than it saves one wrapper (~0.2 s)."""
     obj = unit_object(source, compile_flags)
     with _started_lock:
         if obj.exists() or obj in _started:
             return
-        _started[obj] = _background.submit(_precompile_then_compile, source, compile_flags, obj)
+        _started[obj] = _background.submit(_compile_unit, source, compile_flags, obj)
+        _runtime_requested.add(_runtime_path(compile_flags))  # so build_model links it too
+        _background.submit(_runtime_then_header, compile_flags)
 
 
-def _precompile_then_compile(source: str, compile_flags: tuple[str, ...], obj: Path) -> Path:
-    make_precompiled_header(compile_flags)  # None (compile without) where the compiler cannot
-    return _compile_unit(source, compile_flags, obj)
+def _runtime_then_header(compile_flags: tuple[str, ...]) -> None:
+    try:
+        runtime_object(compile_flags)
+    except ModelBuildError:
+        pass  # build_model compiles it again and reports the error
+    make_precompiled_header(compile_flags)  # None (builds go without) where the compiler cannot
 
 
 def _unit(text: str, compile_flags: tuple[str, ...]) -> Path:
@@ -230,9 +299,13 @@ def build_model(
     # Without a precompiled header yet, this build compiles without one; a cache that has
     # built enough models makes one beside this build's compiles, for the builds after it.
     make_pch = precompiled_header(compile_flags) is None and len(list(folder.glob("model_*.so"))) >= PCH_AFTER_MODELS
-    jobs = len(kernel_sources) + len(units) + int(make_pch)
+    linked = _links_runtime(compile_flags, folder)
+    unit_flags = compile_flags if linked else compile_flags + HEADER_ONLY  # no precompiled header either
+    jobs = len(kernel_sources) + len(units) + int(make_pch) + int(linked)
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, os.cpu_count() or 1))) as pool:
-        built: list[Future[Path]] = [pool.submit(_unit, text, compile_flags) for text in units]
+        built: list[Future[Path]] = [pool.submit(_unit, text, unit_flags) for text in units]
+        if linked:
+            built.append(pool.submit(runtime_object, compile_flags))  # made once per cache
         kernel_build.prepare_prelude(kernel_sources)  # here, while the wrapper compiles
         futures = [pool.submit(kernel_build.compile_object, text) for text in kernel_sources] + built
         if make_pch:

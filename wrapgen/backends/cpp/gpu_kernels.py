@@ -61,7 +61,7 @@ def kernel_table_source(kernels: list[KernelDefinition]) -> str:
             lines += _embed(symbol, _binary_file(binary.image))
             lines.append(
                 f"extern const wrapgen::cuda::Kernel wg_cuda_{kernel.name}{suffix}({cpp_string(kernel.name + suffix)}, "
-                f"{cpp_string(binary.function_name)}, {symbol}, static_cast<size_t>({symbol}_end - {symbol}), "
+                f"{cpp_string(binary.function_name)}, {symbol}, {symbol}_end, "
                 f"{binary.shared_bytes}u, {binary.num_warps}u, {binary.scratch_params}u);"
             )
             lines.append("")

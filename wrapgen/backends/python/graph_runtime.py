@@ -3,7 +3,9 @@ up, record, replay.
 
 A region is emitted as a function of its inputs and key symbols; `GraphRegion` calls it:
 - the first call with a new key (the key symbols' values and the layouts of copied inputs) runs
-  it eagerly: the warm-up, which loads kernels and lets library calls set themselves up;
+  it eagerly: the warm-up, which loads kernels and lets library calls set themselves up. It
+  runs on the stream that records (one per device and process), so per-stream library state
+  (cuBLAS's workspace) is made once, for that stream, not also for the caller's;
 - the second records it with `torch.cuda.graph` into the program's one memory pool
   (`GraphPool`), then replays; later calls copy the copied inputs into the static buffers the
   graph reads and replay it. Inputs used in place (constants, parameters, outputs of earlier
@@ -41,9 +43,9 @@ def prepare_capture_stream(stream: torch.cuda.Stream) -> None:
 
     cuBLAS keeps one workspace per stream (32 MiB on Hopper) and makes it on the stream's first
     matmul. Made during a recording it would come out of that graph's private pool and pin it;
-    made here it is ordinary memory that later recordings on the stream reuse (torch's capture
-    stream is one per process, shared with Inductor's CUDA graphs). Where it exists already this
-    costs four tiny launches, once per recording."""
+    made here it is ordinary memory that later recordings on the stream reuse (`capture_stream`
+    is one per device and process). The warm-up on that stream usually made it already; then
+    this costs four tiny launches, once per recording."""
     device = stream.device
     dtypes = [torch.float32] + ([torch.bfloat16] if torch.cuda.is_bf16_supported() else [])
     with torch.cuda.device(device), torch.cuda.stream(stream):
@@ -52,6 +54,17 @@ def prepare_capture_stream(stream: torch.cuda.Stream) -> None:
             torch.mm(a, a)
             torch.addmm(a[0], a, a)
     stream.synchronize()
+
+
+_capture_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream every program in this process warms up and records its graphs on, per device."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _capture_streams:
+        _capture_streams[index] = torch.cuda.Stream(device=index)
+    return _capture_streams[index]
 
 
 class GraphPool:
@@ -136,7 +149,7 @@ class GraphRegion:
                 if len(self.warm) > 4 * MAX_RECORDS:
                     self.warm.clear()
                 self.warm.add(full)
-                return self.fn(*inputs, *key)  # warm-up
+                return self._warm_up(inputs, key)
             graph = self._record(full, inputs, key)
             if graph is None:
                 return self.fn(*inputs, *key)
@@ -151,6 +164,23 @@ class GraphRegion:
         self.replays += 1
         self.pool.last = graph.generation
         return graph.outputs
+
+    def _warm_up(self, inputs: tuple, key: tuple) -> tuple:
+        """Run the region eagerly on the capture stream, after the caller's queued work: library
+        calls set up per-stream state (cuBLAS's 32 MiB workspace) for the stream that records
+        and not also for the caller's, where a fully recorded program never needs it."""
+        if self.device.type != "cuda":
+            return self.fn(*inputs, *key)
+        stream = capture_stream(self.device)
+        caller = torch.cuda.current_stream(self.device)
+        stream.wait_stream(caller)
+        with torch.cuda.stream(stream):
+            outputs = self.fn(*inputs, *key)
+        caller.wait_stream(stream)
+        for t in outputs:
+            if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+                t.record_stream(caller)  # made on the capture stream, used on the caller's
+        return outputs
 
     def _same_addresses(self, graph: _Graph, inputs: tuple) -> bool:
         if not self.in_place:
@@ -197,7 +227,8 @@ class GraphRegion:
     def _capture(self, statics: list, key: tuple) -> tuple[object, tuple]:
         """Record the region on `statics`: (the graph, with `replay()`, and its output tensors)."""
         graph = torch.cuda.CUDAGraph()
-        recording = torch.cuda.graph(graph, pool=self.pool.handle(), capture_error_mode="thread_local")
+        recording = torch.cuda.graph(graph, pool=self.pool.handle(), stream=capture_stream(self.device),
+                                     capture_error_mode="thread_local")
         prepare_capture_stream(recording.capture_stream)
         with recording:
             outputs = self.fn(*statics, *key)
@@ -207,4 +238,4 @@ class GraphRegion:
         return f"GraphRegion({self.name!r}, graphs={len(self.graphs)}, records={self.records}, replays={self.replays})"
 
 
-__all__ = ["MAX_GRAPHS", "MAX_RECORDS", "GraphPool", "GraphRegion", "prepare_capture_stream"]
+__all__ = ["MAX_GRAPHS", "MAX_RECORDS", "GraphPool", "GraphRegion", "capture_stream", "prepare_capture_stream"]

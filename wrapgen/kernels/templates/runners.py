@@ -40,7 +40,7 @@ def cpp_runners(candidates: list, tensors: dict[str, torch.Tensor]) -> dict[str,
 def triton_runners(candidates: list, tensors: dict[str, torch.Tensor],
                    problem: GemmProblem) -> dict[str, Callable[[], None] | None]:
     from wrapgen.kernels.triton import compat
-    from wrapgen.kernels.triton.runtime import KernelSpec, TritonKernels, source_path
+    from wrapgen.kernels.triton.runtime import KernelSpec, TritonKernels, worker_request
     from wrapgen.kernels.triton.worker_pool import compile_pool
 
     metadata = {c.tag: (("device", problem.device), *c.kernel.metadata) for c in candidates}
@@ -48,8 +48,7 @@ def triton_runners(candidates: list, tensors: dict[str, torch.Tensor],
         # compile every candidate at once in the worker processes: the compiles below then hit
         # Triton's cache (a candidate a worker failed on fails again below and is left out)
         specs = [KernelSpec(c.kernel.name, c.kernel.source, metadata[c.tag]) for c in candidates]
-        compile_pool().run([(s.name, (str(source_path(s.source).resolve()), s.name, s.arg_kinds(True), s.constexprs,
-                                      s.num_warps, s.device_index, s.num_stages)) for s in specs])
+        compile_pool().run([(s.name, worker_request(s, True, True)) for s in specs])
 
     def build(c) -> Callable[[], None] | None:
         try:

@@ -20,6 +20,8 @@ an expression of the size symbols.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import sympy
 import torch
 from torch.utils._sympy.functions import CeilDiv
@@ -461,6 +463,7 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
                                tuple(self.written), metadata, grid, self._in_place_pairs())
 
 
+@lru_cache(maxsize=65536)  # pure, and its sympy.simplify is slow: identical layers repeat each index
 def _flatten_dims(e: sympy.Expr, variables: tuple, sizes: tuple, flat: sympy.Symbol) -> sympy.Expr:
     """Rewrite the contiguous part of a linear index, Σ c·x_d with c_d = c_last·Π sizes after d,
     as c_last·flat (every dimension) or c_last·(flat % Π suffix sizes) (a trailing suffix)."""
@@ -477,7 +480,9 @@ def _flatten_dims(e: sympy.Expr, variables: tuple, sizes: tuple, flat: sympy.Sym
             continue
         if len(used) != 1:
             return e
-        c = sympy.simplify(term / used[0])
+        c = term / used[0]
+        if not all(f.is_Rational or f.is_Symbol for f in sympy.Mul.make_args(c)):  # a monomial is simplest already
+            c = sympy.simplify(c)
         if c.free_symbols & set(variables) or any(_is_loop(s) for s in c.free_symbols):
             return e
         coeffs[position[used[0]]] = coeffs.get(position[used[0]], sympy.Integer(0)) + c

@@ -166,9 +166,24 @@ def worker_environment() -> dict[str, str]:
 
 
 def warm_cache_in_subprocess(source_path: str, name: str, arg_kinds: list, constexprs: dict, num_warps: int,
-                             device_index: int = 0, num_stages: int = 1) -> str:
+                             device_index: int = 0, num_stages: int = 1, launcher: bool = False) -> str:
     """Compile in a worker process so the parent's compile is a Triton cache hit. In the
-    interpreter nothing is compiled: this only imports the kernel's source and finds it."""
+    interpreter nothing is compiled: this only imports the kernel's source and finds it.
+    `launcher`: also build Triton's host launcher for it (what the Python target launches through)."""
     jit_fn = getattr(load_module(Path(source_path), f"wrapgen_triton_{Path(source_path).stem}"), name)
-    compile_kernel(jit_fn, arg_kinds, constexprs, num_warps, device_index, num_stages)
+    compiled = compile_kernel(jit_fn, arg_kinds, constexprs, num_warps, device_index, num_stages)
+    if launcher and not interpreting():
+        build_launcher(compiled)
     return name
+
+
+def build_launcher(compiled) -> None:
+    """Build Triton's host launcher for a compiled kernel: a C extension made with the system
+    compiler for each argument signature (about 0.35 s each on the H100 host), kept in Triton's
+    cache. Built in the workers, the parent's first launch then only loads it: built there,
+    one after another, they were most of a large model's cold compile."""
+    from triton.runtime import driver
+
+    launcher_cls = getattr(driver.active, "launcher_cls", None)  # Triton 3.x's CUDA/HIP drivers
+    if launcher_cls is not None:
+        launcher_cls(compiled.src, compiled.metadata)

@@ -15,7 +15,8 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
@@ -29,11 +30,16 @@ from wrapgen.kernels.triton.worker_pool import Outcome, compile_pool
 # (config.triton_compile_workers_min overrides it). Starting workers (import torch and Triton)
 # costs seconds: on the H100 a per-program pool of 16 workers put a transformer block's cold
 # compile at ~11 s, against ~1 s for the same program once its kernels were in Triton's cache.
-# So only large programs use the (then kept) pool; a few kernels compile one after another here.
+# So a cold pool is started only for large programs. A compile for CUDA starts the pool while
+# it traces (`start_workers_early`), and from then on any two new kernels go to the workers:
+# one after another here, each also builds Triton's C launcher for its signature (~0.35 s).
 PARALLEL_MIN = 16
+STARTED_MIN = 2
 PROGRESS_MIN = 8
 
 _lock = threading.Lock()
+_prefetch_lock = threading.Lock()
+_prefetched: dict[Path, Future] = {}  # kernels lowering sent to the workers, by marker, until a target waits
 
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8,
@@ -96,7 +102,7 @@ class TritonKernels:
     def __init__(self, kernels: list[tuple[str, str, tuple]]) -> None:
         self.specs = {name: KernelSpec(name, source, metadata) for name, source, metadata in kernels}
         self.functions = {name: jit_function(spec.source, name) for name, spec in self.specs.items()}
-        warm_in_workers(list(self.specs.values()))
+        warm_in_workers(list(self.specs.values()), launchers=True)
         self.launchers: dict[str, Callable[..., None]] = {}
         names = list(self.specs)
         for name in _progress(names, "compiling Triton kernels"):
@@ -154,32 +160,38 @@ def kernel_binaries(kernels: list[tuple[str, str, tuple]]) -> dict[str, tuple[co
     return binaries
 
 
-def warm_in_workers(specs: list[KernelSpec], unaligned_too: bool = False) -> None:
+def warm_in_workers(specs: list[KernelSpec], unaligned_too: bool = False, launchers: bool = False) -> None:
     """Compile new kernels in worker processes; the compiles that follow then hit Triton's cache.
     A kernel a worker could not compile is compiled here, where its error (if any) is raised.
     `unaligned_too`: also the variant without the 16-byte alignment assumption, for kernels
-    with maybe-unaligned pointers (the C++ target builds both up front)."""
-    threshold = workers_min()
+    with maybe-unaligned pointers (the C++ target builds both up front). `launchers`: also
+    Triton's host launchers (the Python target launches through them; the C++ target has its own).
+    Kernels `prefetch` sent to the workers during lowering are waited for, not sent again."""
     wanted = [(spec, True) for spec in specs]
     if unaligned_too:
         wanted += [(spec, False) for spec in specs if spec.maybe_unaligned_positions()]
-    todo = [(spec, aligned) for spec, aligned in wanted if not _marker(spec, aligned).exists()]
+    todo = [(spec, aligned) for spec, aligned in wanted if not _built(spec, aligned, launchers)]
+    in_flight = [(spec, aligned, future) for spec, aligned in todo if (future := _take_prefetched(spec, aligned))]
+    rest = [(spec, aligned) for spec, aligned in todo if not any(spec is s and aligned == a for s, a, _ in in_flight)]
+    threshold = workers_min()
     if threshold == 0 or len(todo) < threshold:
+        rest = []  # a few new kernels: those not already in the workers compile here
+    if not rest and not in_flight:
         return
-    requests = [
-        (f"{s.name}|{aligned}", (str(source_path(s.source).resolve()), s.name, s.arg_kinds(aligned), s.constexprs,
-                                 s.num_warps, s.device_index, s.num_stages))
-        for s, aligned in todo
-    ]
-    bar = _bar(len(todo), "compiling Triton kernels (workers)")
-    outcomes: list[Outcome] = compile_pool().run(requests, None if bar is None else lambda _: bar.update())
+    bar = _bar(len(rest) + len(in_flight), "compiling Triton kernels (workers)")
+    requests = [(f"{spec.name}|{aligned}", worker_request(spec, aligned, launchers)) for spec, aligned in rest]
+    outcomes: list[Outcome] = compile_pool().run(requests, None if bar is None else lambda _: bar.update()) if rest else []
+    done = [(_marker(spec, aligned, launchers), outcome) for (spec, aligned), outcome in zip(rest, outcomes)]
+    for spec, aligned, future in in_flight:
+        done.append((_marker(spec, aligned, True), future.result()))
+        if bar is not None:
+            bar.update()
     if bar is not None:
         bar.close()
-    built = {o.key for o in outcomes if o.error is None}
-    for spec, aligned in todo:
-        if f"{spec.name}|{aligned}" in built:
-            _marker(spec, aligned).touch()
-    failed = [o for o in outcomes if o.error is not None]
+    for marker, outcome in done:
+        if outcome.error is None:
+            marker.touch()
+    failed = [outcome for _, outcome in done if outcome.error is not None]
     if failed:
         first = failed[0]
         warnings.warn(f"{len(failed)} Triton kernel(s) were not compiled in a worker, so they compile in this process; "
@@ -187,16 +199,68 @@ def warm_in_workers(specs: list[KernelSpec], unaligned_too: bool = False) -> Non
                       stacklevel=2)
 
 
+def prefetch(name: str, source: str, metadata: tuple) -> None:
+    """Send a kernel to the compile workers the moment lowering has generated it (its aligned
+    variant and Triton's launcher for it), so compiles overlap the rest of the lowering; the
+    target's `warm_in_workers` later waits for it. Only once workers run (a CUDA compile starts
+    them while it traces) and never in the interpreter."""
+    if config.triton_compile_workers_min == 0 or compat.interpreting():
+        return
+    pool = compile_pool()
+    if not pool.started():
+        return
+    spec = KernelSpec(name, source, metadata)
+    marker = _marker(spec, True, True)
+    with _prefetch_lock:
+        if marker in _prefetched or marker.exists():
+            return
+        _prefetched[marker] = pool.submit(f"{name}|True|prefetched", worker_request(spec, True, True))
+
+
+def _take_prefetched(spec: KernelSpec, aligned: bool) -> Future | None:
+    """The in-flight prefetch that builds this kernel variant, if any (it is then no longer tracked)."""
+    if not aligned:
+        return None
+    with _prefetch_lock:
+        return _prefetched.pop(_marker(spec, True, True), None)
+
+
+def worker_request(spec: KernelSpec, aligned: bool, launcher: bool) -> tuple:
+    """A worker request's arguments (compat.warm_cache_in_subprocess's parameters)."""
+    return (str(source_path(spec.source).resolve()), spec.name, spec.arg_kinds(aligned), spec.constexprs,
+            spec.num_warps, spec.device_index, spec.num_stages, launcher)
+
+
+def _built(spec: KernelSpec, aligned: bool, launcher: bool) -> bool:
+    """Whether a worker built this variant (with its launcher when `launcher`) into Triton's cache."""
+    return _marker(spec, aligned, launcher).exists() or (not launcher and _marker(spec, aligned, True).exists())
+
+
 def workers_min() -> int:
     """How many new kernels a program needs to use compile workers (0: never)."""
     if config.triton_compile_workers_min is not None:
         return config.triton_compile_workers_min
-    return 0 if compat.interpreting() else PARALLEL_MIN
+    if compat.interpreting():
+        return 0
+    return STARTED_MIN if compile_pool().started() else PARALLEL_MIN
 
 
-def _marker(spec: KernelSpec, aligned: bool = True) -> Path:
+def start_workers_early(values: Iterable[object]) -> None:
+    """Start the compile workers now, in the background, when `values` (a program's example
+    inputs and parameters) hold a CUDA tensor: their start-up, seconds of importing torch and
+    Triton, then overlaps tracing and lowering instead of delaying the kernel compiles. A no-op
+    when workers are off (`triton_compile_workers_min=0`) or Triton interprets."""
+    if config.triton_compile_workers_min == 0 or compat.interpreting():
+        return
+    if any(isinstance(v, torch.Tensor) and v.device.type == "cuda" for v in values):
+        compile_pool().start()
+
+
+def _marker(spec: KernelSpec, aligned: bool = True, launcher: bool = False) -> Path:
+    """The file that says a worker built this kernel (and its launcher) into Triton's cache."""
     key = f"{spec.source}|{spec.arg_types}|{spec.constexprs}|{spec.num_warps}|{spec.num_stages}|{compat.version()}"
     key += "" if aligned else "|unaligned"
+    key += "|launcher" if launcher else ""
     return cache_root() / "triton" / f"built_{hashlib.sha256(key.encode()).hexdigest()[:24]}"
 
 

@@ -1,13 +1,14 @@
 """Triton compile workers: processes of our own program (`compile_worker.py`), never
 multiprocessing children, so the user's `__main__` is not imported again in each one.
 
-One pool per process, made on first use; workers start when a batch needs them and are
-kept for later programs (starting one imports torch and Triton: seconds). Each worker is
-driven by one thread at a time, so a batch compiles in parallel. A request that fails, a
-worker that dies and a worker that stops answering cost only the warm-up of their kernels:
-the caller compiles every kernel in its own process afterwards anyway (a warmed kernel is
-then a Triton cache hit). A dead worker is replaced on the next batch; all are shut down
-at exit.
+One pool per process, made on first use; workers start when requests need them (or all at
+once, `start`, when a CUDA compile begins) and are kept for later programs (starting one
+imports torch and Triton: seconds). Each worker has one driver thread taking requests from a
+shared queue, so requests compile in parallel, whether submitted as a batch or one at a time
+while a program is still being lowered. A request that fails, a worker that dies and a worker
+that stops answering cost only the warm-up of their kernels: the caller compiles every kernel
+in its own process afterwards anyway (a warmed kernel is then a Triton cache hit). A dead
+worker is replaced on the next request; all are shut down at exit.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, as_completed
 from dataclasses import dataclass
 
 from wrapgen.errors import WrapgenError
@@ -73,6 +75,8 @@ class CompileWorker:
         )
         self.served = 0
         self._ready = False
+        self.retired = False  # replaced (other Triton settings) or the pool closed
+        self.driven = False  # a driver thread is taking requests for it
 
     @property
     def pid(self) -> int:
@@ -134,94 +138,131 @@ class CompileWorker:
 
 
 class CompilePool:
-    """Compile workers for this process, started lazily and reused."""
+    """Compile workers for this process, started lazily and reused.
+
+    Each worker has a driver thread that takes requests from one queue for as long as the
+    worker lives, so requests can be submitted one at a time while a program is still being
+    lowered (`submit`) and their compiles overlap the rest of the lowering; `run` is a batch."""
 
     def __init__(self, max_workers: int) -> None:
         self.max_workers = max_workers
         self.owner = os.getpid()
         self.workers: list[CompileWorker] = []
         self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[tuple[str, tuple, Future] | None] = queue.SimpleQueue()
+        self._outstanding = 0  # submitted, not answered yet: how many workers are worth having
+
+    def start(self) -> None:
+        """Start every worker now (without waiting for them to be ready); later requests use them."""
+        with self._lock:
+            try:
+                self._ensure_workers(self.max_workers)
+            except OSError:  # no Python to start: requests say why, and compile in-process
+                pass
+
+    def started(self) -> bool:
+        """Whether workers were started (alive), so a batch of a few kernels need not wait for start-up."""
+        return any(w.alive() for w in self.workers)
 
     def served(self) -> dict[int, int]:
         """Requests answered so far by each live worker, by pid."""
         return {w.pid: w.served for w in self.workers if w.alive()}
 
-    def run(self, requests: Sequence[tuple[str, tuple]],
-            on_done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
-        """Run `(key, args)` requests on the workers in parallel; one Outcome per request."""
-        if not requests:
-            return []
+    def submit(self, key: str, args: tuple) -> Future:
+        """Queue one request; the Future's result is its Outcome (never an exception)."""
+        future: Future = Future()
         with self._lock:
             try:
-                workers = self._workers_for(len(requests))
+                self._ensure_workers(min(self._outstanding + 1, self.max_workers))
             except OSError as e:  # no Python to start (a frozen or embedded interpreter)
-                if not self.workers:
-                    return [Outcome(key, f"could not start a Triton compile worker: {e}") for key, _ in requests]
-                workers = self.workers[: len(requests)]
-            jobs: queue.SimpleQueue[tuple[str, tuple]] = queue.SimpleQueue()
-            for request in requests:
-                jobs.put(request)
-            results: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
-            for worker in workers:
-                threading.Thread(target=_drive, args=(worker, jobs, results), daemon=True).start()
-            outcomes: list[Outcome] = []
-            running = len(workers)
-            while running:
-                outcome = results.get()
-                if outcome is None:
-                    running -= 1
-                    continue
-                outcomes.append(outcome)
-                if on_done is not None:
-                    on_done(outcome)
-            while not jobs.empty():  # every worker failed before the queue ran dry
-                outcomes.append(Outcome(jobs.get()[0], "no Triton compile worker was left to take it"))
-            return outcomes
+                if not any(w.driven for w in self.workers):
+                    future.set_result(Outcome(key, f"could not start a Triton compile worker: {e}"))
+                    return future
+            self._outstanding += 1
+            self._jobs.put((key, args, future))
+        return future
 
-    def _workers_for(self, count: int) -> list[CompileWorker]:
-        """Up to `count` live workers (no more than max_workers), starting new ones for the dead or missing.
+    def run(self, requests: Sequence[tuple[str, tuple]],
+            on_done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+        """Run `(key, args)` requests on the workers in parallel; their Outcomes, in request order."""
+        futures = [self.submit(key, args) for key, args in requests]
+        for future in as_completed(futures):
+            if on_done is not None:
+                on_done(future.result())
+        return [future.result() for future in futures]
+
+    def _ensure_workers(self, count: int) -> None:
+        """At least `count` live workers (no more than max_workers), each with its driver thread.
         Workers started under other Triton settings (TRITON_CACHE_DIR changed since, as a benchmark
         does for a cold compile) are replaced: their compiles would warm a cache this process does
         not read, and every kernel would then compile again here, one after another."""
         current = compat.worker_environment()
-        for worker in [w for w in self.workers if not w.alive() or w.environment != current]:
-            worker.stop()
-        self.workers = [w for w in self.workers if w.alive() and w.environment == current]
+        for worker in self.workers:
+            if not worker.alive() or worker.environment != current:
+                worker.retired = True
+                worker.stop()
+        self.workers = [w for w in self.workers if not w.retired]
         while len(self.workers) < min(count, self.max_workers):
-            self.workers.append(CompileWorker())
-        return self.workers[:count]
+            worker = CompileWorker()
+            worker.driven = True
+            self.workers.append(worker)
+            threading.Thread(target=self._drive, args=(worker,), daemon=True).start()
+
+    def _drive(self, worker: CompileWorker) -> None:
+        """One worker's thread: answer queued requests until the worker fails, retires or the pool closes."""
+        while True:
+            job = self._jobs.get()
+            if job is None:  # the pool is closing
+                return
+            key, args, future = job
+            if worker.retired:  # replaced under other settings: a live worker takes the request
+                self._jobs.put(job)
+                self._stop_driving(worker)
+                return
+            failed = True
+            try:
+                outcome = Outcome(key, worker.request(key, args))
+                failed = False
+            except WorkerFailed as e:
+                outcome = Outcome(key, str(e))
+            except Exception as e:  # noqa: BLE001 - e.g. arguments that do not pickle: drop this worker
+                worker.stop()
+                outcome = Outcome(key, f"{type(e).__name__}: {e}")
+            with self._lock:
+                self._outstanding -= 1
+            future.set_result(outcome)
+            if failed:
+                self._stop_driving(worker)
+                return
+
+    def _stop_driving(self, worker: CompileWorker) -> None:
+        """A driver ends; when it was the last, the queued requests fail (none would take them)."""
+        with self._lock:
+            worker.driven = False
+            if any(w.driven for w in self.workers):
+                return
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    return
+                if job is not None:
+                    self._outstanding -= 1
+                    job[2].set_result(Outcome(job[0], "no Triton compile worker was left to take it"))
 
     def close(self) -> None:
         """Stop every worker; only the process that started them does (a fork's copy does not)."""
         if os.getpid() != self.owner:
             return
-        workers, self.workers = self.workers, []
+        with self._lock:
+            workers, self.workers = self.workers, []
         for worker in workers:
+            worker.retired = True
+            self._jobs.put(None)  # wakes one idle driver, which returns
             if worker.process.stdin is not None and not worker.process.stdin.closed:
                 worker.process.stdin.close()
         for worker in workers:
             worker.stop(grace_s=5.0)
-
-
-def _drive(worker: CompileWorker, jobs: queue.SimpleQueue, results: queue.SimpleQueue) -> None:
-    """One worker's thread: take requests until none are left or the worker fails; then a None."""
-    try:
-        while True:
-            try:
-                key, args = jobs.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                results.put(Outcome(key, worker.request(key, args)))
-            except WorkerFailed as e:
-                results.put(Outcome(key, str(e)))
-                return
-            except Exception as e:  # noqa: BLE001 - e.g. arguments that do not pickle: drop this worker
-                worker.stop()
-                results.put(Outcome(key, f"{type(e).__name__}: {e}"))
-                return
-    finally:
-        results.put(None)
 
 
 _pool: CompilePool | None = None
