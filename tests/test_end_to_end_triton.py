@@ -46,3 +46,20 @@ def triton_kernels():
 @pytest.mark.parametrize("case", list(DYNAMIC_REDUCTIONS))
 def test_dynamic_reductions_over_batch_and_middle(case, target):
     check_dynamic_reductions(case, target)
+
+
+@pytest.mark.parametrize("target", ["python", "fx"])
+def test_min_max_against_a_constant_keep_nans(target):
+    """logsigmoid is min(0, x) - log1p(exp(-|x|)): a minimum of a 0-d constant and a block,
+    which Triton's interpreter could not `|` (the NaN test of the old helper); NaNs propagate."""
+    import torch
+
+    def fn(x):
+        return torch.nn.functional.logsigmoid(x) * 2 + torch.clamp_max(x, 0.5) - torch.maximum(x, torch.zeros(()))
+
+    x = torch.randn(64, 33)
+    x[3, 4] = float("nan")
+    compiled = wrapgen.compile(fn, (x,), target=target)
+    fresh = torch.randn(64, 33)
+    fresh[5, 6] = float("nan")
+    torch.testing.assert_close(compiled(fresh), fn(fresh), equal_nan=True)

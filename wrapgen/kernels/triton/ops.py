@@ -44,8 +44,10 @@ def compute_tl(dtype: torch.dtype) -> str:
 
 
 HELPERS = {
-    "_wg_maximum": "def _wg_maximum(a, b):\n    return tl.where((a > b) | (a != a), a, b)\n",
-    "_wg_minimum": "def _wg_minimum(a, b):\n    return tl.where((a < b) | (a != a), a, b)\n",
+    # NaN-propagating; two selects, not `(a < b) | (a != a)`: Triton's interpreter cannot `|` a
+    # 0-d operand's comparison (a constant, as in logsigmoid's min(0, x)) with a block's
+    "_wg_maximum": "def _wg_maximum(a, b):\n    return tl.where(a != a, a, tl.where(a > b, a, b))\n",
+    "_wg_minimum": "def _wg_minimum(a, b):\n    return tl.where(a != a, a, tl.where(a < b, a, b))\n",
     "_wg_prod": "def _wg_prod(a, b):\n    return a * b\n",
     # float32 <-> bfloat16 for the interpreter: round to nearest even, NaN kept, subnormals exact
     "_wg_round_bf16_bits": "def _wg_round_bf16_bits(x):\n"
