@@ -227,9 +227,9 @@ print("HIT", len(before))
 
 
 def test_kernels_prefetched_during_lowering_are_waited_for_not_sent_again(tmp_path: Path, monkeypatch) -> None:
-    """`prefetch` sends a kernel (aligned variant and its launcher) to running workers once; the
-    target's warm-up then waits for it and marks it built, and sends only what is still missing
-    (the C++ target's unaligned variant)."""
+    """`prefetch` sends a kernel (aligned variant and its launcher) to running workers once; its
+    answer marks it built (and it is no longer tracked), so the target's warm-up sends only what
+    is still missing (the C++ target's unaligned variant)."""
     from concurrent.futures import Future
 
     submitted: list[str] = []
@@ -257,8 +257,8 @@ def test_kernels_prefetched_during_lowering_are_waited_for_not_sent_again(tmp_pa
     spec = runtime.KernelSpec("add_one", KERNEL, metadata)
     with wrapgen.config.patch(cache_dir=str(tmp_path), triton_compile_workers_min=None):
         runtime.prefetch("add_one", KERNEL, metadata)
-        runtime.prefetch("add_one", KERNEL, metadata)  # already in flight
-        assert submitted == ["add_one|True|prefetched"]
+        runtime.prefetch("add_one", KERNEL, metadata)  # answered already: marked built, no longer tracked
+        assert submitted == ["add_one|True|prefetched"] and not runtime._prefetched
         runtime.warm_in_workers([spec], launchers=True)  # the Python target
         assert batches == []  # waited for, not sent again
         assert runtime._built(spec, True, True) and runtime._built(spec, True, False)
@@ -270,3 +270,38 @@ def test_kernels_prefetched_during_lowering_are_waited_for_not_sent_again(tmp_pa
         with wrapgen.config.patch(triton_compile_workers_min=0):
             runtime.prefetch("other", KERNEL.replace("add_one", "other"), metadata)
         assert submitted == ["add_one|True|prefetched"]
+
+
+def test_the_warm_up_waits_for_a_prefetch_still_compiling(tmp_path: Path, monkeypatch) -> None:
+    """A kernel still compiling in a worker when the target's warm-up starts is waited for (not
+    sent again), and is marked built once it answers."""
+    import threading
+    from concurrent.futures import Future
+
+    pending: Future = Future()
+    batches: list[list[str]] = []
+
+    class SlowPool:
+        def started(self) -> bool:
+            return True
+
+        def submit(self, key, args):
+            return pending
+
+        def run(self, requests, on_done=None):
+            batches.append([key for key, _ in requests])
+            return [worker_pool.Outcome(key, None) for key, _ in requests]
+
+    monkeypatch.setattr(runtime, "compile_pool", lambda: SlowPool())
+    monkeypatch.setattr(compat, "interpreting", lambda: False)
+    metadata = (("arg_names", ("x_ptr", "n")), ("arg_types", ("ptr:float32", "int32")), ("constexprs", (("BLOCK", 16),)),
+                ("num_warps", 4), ("device", "cuda:0"))
+    spec = runtime.KernelSpec("add_one", KERNEL, metadata)
+    with wrapgen.config.patch(cache_dir=str(tmp_path), triton_compile_workers_min=None):
+        runtime.prefetch("add_one", KERNEL, metadata)
+        assert not runtime._built(spec, True, True)
+        answer = threading.Timer(0.2, lambda: pending.set_result(worker_pool.Outcome("add_one|True|prefetched", None)))
+        answer.start()
+        runtime.warm_in_workers([spec], launchers=True)  # returns once the worker answered
+        assert pending.done() and batches == [] and runtime._built(spec, True, True)
+        assert not runtime._prefetched

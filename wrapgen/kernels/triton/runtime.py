@@ -214,7 +214,20 @@ def prefetch(name: str, source: str, metadata: tuple) -> None:
     with _prefetch_lock:
         if marker in _prefetched or marker.exists():
             return
-        _prefetched[marker] = pool.submit(f"{name}|True|prefetched", worker_request(spec, True, True))
+        future = pool.submit(f"{name}|True|prefetched", worker_request(spec, True, True))
+        _prefetched[marker] = future
+    future.add_done_callback(lambda done: _prefetch_finished(marker, done))
+
+
+def _prefetch_finished(marker: Path, future: Future) -> None:
+    """A prefetch answered: mark the kernel built (when it was) and stop tracking it, so a kernel
+    no target ever waits for (a program lowered, not built) is not held. A failure is retried by
+    the target's warm-up, which reports it."""
+    if future.result().error is None:
+        marker.touch()
+    with _prefetch_lock:
+        if _prefetched.get(marker) is future:
+            del _prefetched[marker]
 
 
 def _take_prefetched(spec: KernelSpec, aligned: bool) -> Future | None:
