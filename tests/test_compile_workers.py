@@ -226,31 +226,41 @@ print("HIT", len(before))
     assert result.returncode == 0 and "HIT" in result.stdout, result.stdout + result.stderr[-3000:]
 
 
+class _RunningPool:
+    """Stands in for a started worker pool: records what is submitted (answered by `answer`,
+    a finished Future by default) and the batches `run` is given (all built)."""
+
+    def __init__(self, answer=None) -> None:
+        self.submitted: list[str] = []
+        self.batches: list[list[str]] = []
+        self.answer = answer
+
+    def started(self) -> bool:
+        return True
+
+    def submit(self, key, args):
+        from concurrent.futures import Future
+
+        self.submitted.append(key)
+        assert args[-1] is True  # the launcher is built too
+        if self.answer is not None:
+            return self.answer
+        future: Future = Future()
+        future.set_result(worker_pool.Outcome(key, None))
+        return future
+
+    def run(self, requests, on_done=None):
+        self.batches.append([key for key, _ in requests])
+        return [worker_pool.Outcome(key, None) for key, _ in requests]
+
+
 def test_kernels_prefetched_during_lowering_are_waited_for_not_sent_again(tmp_path: Path, monkeypatch) -> None:
     """`prefetch` sends a kernel (aligned variant and its launcher) to running workers once; its
     answer marks it built (and it is no longer tracked), so the target's warm-up sends only what
     is still missing (the C++ target's unaligned variant)."""
-    from concurrent.futures import Future
-
-    submitted: list[str] = []
-    batches: list[list[str]] = []
-
-    class RunningPool:
-        def started(self) -> bool:
-            return True
-
-        def submit(self, key, args):
-            submitted.append(key)
-            assert args[-1] is True  # the launcher is built too
-            future: Future = Future()
-            future.set_result(worker_pool.Outcome(key, None))
-            return future
-
-        def run(self, requests, on_done=None):
-            batches.append([key for key, _ in requests])
-            return [worker_pool.Outcome(key, None) for key, _ in requests]
-
-    monkeypatch.setattr(runtime, "compile_pool", lambda: RunningPool())
+    pool = _RunningPool()
+    submitted, batches = pool.submitted, pool.batches
+    monkeypatch.setattr(runtime, "compile_pool", lambda: pool)
     monkeypatch.setattr(compat, "interpreting", lambda: False)
     metadata = (("arg_names", ("in_ptr0", "out_ptr0", "xnumel")), ("arg_types", ("ptr:float32", "ptr:float32", "int32")),
                 ("constexprs", (("XBLOCK", 64),)), ("num_warps", 4), ("unaligned", ("in_ptr0",)), ("device", "cuda:0"))
@@ -279,20 +289,9 @@ def test_the_warm_up_waits_for_a_prefetch_still_compiling(tmp_path: Path, monkey
     from concurrent.futures import Future
 
     pending: Future = Future()
-    batches: list[list[str]] = []
-
-    class SlowPool:
-        def started(self) -> bool:
-            return True
-
-        def submit(self, key, args):
-            return pending
-
-        def run(self, requests, on_done=None):
-            batches.append([key for key, _ in requests])
-            return [worker_pool.Outcome(key, None) for key, _ in requests]
-
-    monkeypatch.setattr(runtime, "compile_pool", lambda: SlowPool())
+    pool = _RunningPool(answer=pending)
+    batches = pool.batches
+    monkeypatch.setattr(runtime, "compile_pool", lambda: pool)
     monkeypatch.setattr(compat, "interpreting", lambda: False)
     metadata = (("arg_names", ("x_ptr", "n")), ("arg_types", ("ptr:float32", "int32")), ("constexprs", (("BLOCK", 16),)),
                 ("num_warps", 4), ("device", "cuda:0"))

@@ -171,8 +171,9 @@ def warm_in_workers(specs: list[KernelSpec], unaligned_too: bool = False, launch
     if unaligned_too:
         wanted += [(spec, False) for spec in specs if spec.maybe_unaligned_positions()]
     todo = [(spec, aligned) for spec, aligned in wanted if not _built(spec, aligned, launchers)]
-    in_flight = [(spec, aligned, future) for spec, aligned in todo if (future := _take_prefetched(spec, aligned))]
-    rest = [(spec, aligned) for spec, aligned in todo if not any(spec is s and aligned == a for s, a, _ in in_flight)]
+    futures = [_take_prefetched(spec, aligned) for spec, aligned in todo]
+    in_flight = [(spec, aligned, future) for (spec, aligned), future in zip(todo, futures) if future is not None]
+    rest = [item for item, future in zip(todo, futures) if future is None]
     threshold = workers_min()
     if threshold == 0 or len(todo) < threshold:
         rest = []  # a few new kernels: those not already in the workers compile here
