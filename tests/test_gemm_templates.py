@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import wrapgen
 from wrapgen.kernels.templates import autotune, cpp_gemm, triton_gemm
 from wrapgen.kernels.triton import compat
+from wrapgen.lowering.gemm_templates import misaligned
 from wrapgen.wrapper_ir.lines import Comment, ExternKernel, KernelDefinition
 
 TARGETS = ["python", "cpp", "fx"]
@@ -191,6 +192,44 @@ def test_off_by_default_and_dynamic_sizes_keep_the_library():
     torch.testing.assert_close(compiled(*fresh), fn(*fresh))
 
 
+def test_misaligned_products_are_the_ones_with_an_unaligned_leading_dimension():
+    def parts(a, b, out, dtype=torch.bfloat16):
+        layouts = {"a": (*a, dtype), "b": (*b, dtype), "out": (*out, dtype)}
+        return {"a": ("a",), "b": ("b",), "out": ("out",), "layouts": layouts}
+
+    # GPT-2's LM head: x [32, 768] @ wte.t() [768, 50257] -> logits rows of 50257 elements
+    assert misaligned(parts(((32, 768), (768, 1)), ((768, 50257), (1, 768)), ((32, 50257), (50257, 1))))
+    assert not misaligned(parts(((32, 768), (768, 1)), ((768, 50264), (1, 768)), ((32, 50264), (50264, 1))))
+    # float32 needs 4 elements, a row of one element has no leading dimension to align
+    assert misaligned(parts(((8, 6), (6, 1)), ((6, 4), (4, 1)), ((8, 4), (4, 1)), torch.float32))
+    assert not misaligned(parts(((8, 8), (8, 1)), ((8, 4), (4, 1)), ((8, 4), (4, 1)), torch.float32))
+    assert not misaligned(parts(((1, 8), (5, 1)), ((8, 4), (4, 1)), ((1, 4), (4, 1)), torch.float32))
+
+
+def test_misaligned_products_on_the_cpu_stay_library_calls_without_max_autotune():
+    fn, args = (lambda a, b: a @ b), (torch.randn(256, 250), torch.randn(250, 257))
+    with wrapgen.config.patch(max_autotune=False):
+        program = wrapgen.lower(fn, args)
+    assert not templates(program) and "autotune" not in str(program)
+
+
+def test_the_tuner_reads_the_programs_weights_in_place(monkeypatch, tmp_path):
+    """A weight operand is measured as the real tensor (a view of it), not a stand-in copy: an
+    LM head's weight would otherwise be allocated a second time while compiling."""
+    seen = []
+    stand_ins = autotune._stand_ins
+    monkeypatch.setattr(autotune, "_stand_ins", lambda problem: seen.append(problem) or stand_ins(problem))
+    model = torch.nn.Linear(48, 40)
+    x = torch.randn(37, 48)
+    with wrapgen.config.patch(max_autotune_gemm_backends="aten,template", cache_dir=str(tmp_path)):
+        check(model, (x,), targets=["python"])  # measured once (a fresh cache), then a cache hit
+    (problem,) = seen
+    weights = {t.data_ptr() for t in problem.weights.values()}
+    assert weights == {model.weight.data_ptr(), model.bias.data_ptr()}
+    assert all(t.data_ptr() in weights or name not in problem.weights
+               for name, t in autotune._stand_ins(problem).items())
+
+
 def test_epilogue_with_two_results():
     def fn(a, b):
         p = a @ b
@@ -265,3 +304,19 @@ def test_triton_bmm_on_gpu():
                                                                                     dtype=torch.bfloat16)
     program = check(lambda a, b: torch.bmm(a, b).relu(), (a, b), atol=3e-2, rtol=3e-2)
     assert templates(program)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("target", TARGETS)
+def test_misaligned_lm_head_is_measured_against_templates_by_default(target):
+    """A vocabulary of 4099 leaves the logits' rows unaligned: without max_autotune the product
+    is still measured against templates; an aligned one (4096) keeps the library call unmeasured."""
+    fn = lambda x, w: x @ w.t()  # noqa: E731
+    dt = torch.bfloat16
+    with wrapgen.config.patch(max_autotune=False):
+        args = (torch.randn(64, 256, device="cuda", dtype=dt), torch.randn(4099, 256, device="cuda", dtype=dt))
+        program = check(fn, args, targets=[target], atol=3e-2, rtol=3e-2)
+        assert "autotune mm 64x256 @ 256x4099" in str(program)
+        aligned = (args[0], torch.randn(4096, 256, device="cuda", dtype=dt))
+        assert "autotune" not in str(check(fn, aligned, targets=[target], atol=3e-2, rtol=3e-2))

@@ -131,6 +131,15 @@ OPTIONS: dict[str, Option] = {
             "library call by benchmarking at compile time (winners cached on disk)",
         ),
         Option(
+            "misaligned_gemm_templates",
+            bool,
+            True,
+            "WRAPGEN_MISALIGNED_GEMM_TEMPLATES",
+            "on CUDA, a matrix product of static sizes whose operand or output rows are not 16-byte aligned (a "
+            "vocabulary of 50257, say: cuBLAS then runs its slow unaligned kernels) is measured against Triton "
+            "GEMM templates at compile time even without max_autotune, the faster kept (winners cached on disk)",
+        ),
+        Option(
             "max_autotune_gemm_backends",
             str,
             "aten,template",
@@ -172,6 +181,7 @@ triton_compile_workers_min: int | None = OPTIONS["triton_compile_workers_min"].p
 cuda_graphs: bool = OPTIONS["cuda_graphs"].parse_env()
 max_autotune: bool = OPTIONS["max_autotune"].parse_env()
 max_autotune_gemm_backends: str = OPTIONS["max_autotune_gemm_backends"].parse_env()
+misaligned_gemm_templates: bool = OPTIONS["misaligned_gemm_templates"].parse_env()
 multi_kernel: bool = OPTIONS["multi_kernel"].parse_env()
 layout_optimization: bool = OPTIONS["layout_optimization"].parse_env()
 

@@ -1,7 +1,11 @@
 """max_autotune: library matrix products become GEMM template kernels with their epilogue fused.
 
-Runs on the lowered lines before kernels are placed (`KernelGraphLowering.finish_body`). For
-each `aten::mm/addmm/bmm.out` call of static sizes it finds the pointwise fusion group that is
+Runs on the lowered lines before kernels are placed (`KernelGraphLowering.finish_body`). With
+`max_autotune` every `aten::mm/addmm/bmm.out` call of static sizes is a candidate; without it,
+on CUDA (`misaligned_gemm_templates`), only the products cuBLAS serves with its unaligned
+kernels: a leading dimension that is not a multiple of 16 bytes (GPT-2's vocabulary of 50257
+makes its LM head 3-6x slower than a Triton tile that stores under a mask). For each
+candidate it finds the pointwise fusion group that is
 the product's only reader, reading it at the very element the product holds (bias, GELU,
 residual add, scaling, a cast: the epilogue). The tuner (`kernels.templates`) measures the
 library call against template instances with that epilogue; when a template wins, the call
@@ -24,37 +28,46 @@ from wrapgen.wrapper_ir.lines import Allocate, Comment, ExternKernel, KernelCall
 from wrapgen.wrapper_ir.values import TensorRef, TensorType
 
 GEMM_OPS = {"aten::mm.out": "mm", "aten::addmm.out": "addmm", "aten::bmm.out": "bmm"}
+# below this many multiply-adds an unaligned cuBLAS kernel costs a few microseconds: not worth
+# compiling and measuring candidates for (without max_autotune)
+MISALIGNED_MIN_MACS = 1 << 22
 TEMPLATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def apply_gemm_templates(lowering, lines: list[WrapperLine], pending_type: type) -> list[WrapperLine]:
     """`lines` with the matrix products that a template instance serves best replaced by it."""
-    if not config.max_autotune or lowering.language not in ("cpp", "triton"):
+    tune_all = config.max_autotune and lowering.language in ("cpp", "triton")
+    misaligned_only = (not tune_all and config.misaligned_gemm_templates and lowering.language == "triton"
+                       and torch.device(lowering.device).type == "cuda")
+    if not (tune_all or misaligned_only):
         return lines
+    backends = None if tune_all else "aten,template"  # the library call is always measured too
     types = lowering._known_types()
-    products = [(i, line) for i, line in enumerate(lines) if isinstance(line, ExternKernel) and line.op in GEMM_OPS]
+    products = []
+    for line in lines:
+        if isinstance(line, ExternKernel) and line.op in GEMM_OPS:
+            parts = _problem(line, types, lowering.device)
+            if parts is not None and (tune_all or (misaligned(parts) and _macs(parts) >= MISALIGNED_MIN_MACS)):
+                products.append((line, parts))
     if not products:
         return lines
     lines = list(lines)
     groups = _groups(lowering, lines, pending_type)
     definitions: list[WrapperLine] = []
     shared: dict[tuple, str] = {}  # products of the same code (a chain of identical layers) share a kernel
-    for number, (_, extern) in enumerate(products):
+    for number, (extern, problem_parts) in enumerate(products):
         index = lines.index(extern)
-        problem_parts = _problem(extern, types, lowering.device)
-        if problem_parts is None:
-            continue
         group, needed = _epilogue(extern, problem_parts, lines, groups, lowering, pending_type)
         from wrapgen.kernels.templates import select_gemm
 
         name = f"{lowering.language}_template_{problem_parts['op']}_{number}"
         try:
             problem = _make_problem(problem_parts, group, needed, lowering, types)
-            selection = select_gemm(problem, lowering.language, name)
+            selection = select_gemm(problem, lowering.language, name, backends)
         except NotImplementedError:  # an epilogue the template cannot render: the product alone
             group = None
             problem = _make_problem(problem_parts, None, frozenset(), lowering, types)
-            selection = select_gemm(problem, lowering.language, name)
+            selection = select_gemm(problem, lowering.language, name, backends)
         if selection.kernel is None:
             lines.insert(index, Comment(selection.summary))
             continue
@@ -68,6 +81,21 @@ def apply_gemm_templates(lowering, lines: list[WrapperLine], pending_type: type)
         call = KernelCall(name, tuple(TensorRef(t) for t in kernel.tensors), kernel.grid, kernel.written)
         lines = _rewrite(lines, extern, group, call, lowering, pending_type)
     return definitions + lines
+
+
+def misaligned(parts: dict) -> bool:
+    """Whether cuBLAS would run an unaligned kernel for this product: a stride (other than 1, of a
+    dimension longer than 1) of an operand or the output is not a multiple of 16 bytes."""
+    for key in ("a", "b", "out"):
+        sizes, strides, dtype = parts["layouts"][parts[key][0]]
+        width = max(1, 16 // dtype.itemsize)
+        if any(st % width for size, st in zip(sizes, strides) if size > 1 and st != 1):
+            return True
+    return False
+
+
+def _macs(parts: dict) -> int:
+    return parts["batch"] * parts["m"] * parts["n"] * parts["k"]
 
 
 def _groups(lowering, lines: list[WrapperLine], pending_type: type) -> list[FusionGroup]:
@@ -225,9 +253,43 @@ def _make_problem(parts: dict, group, needed, lowering, types):
                     raise NotImplementedError(f"an epilogue reading {name}, whose layout is only known at run time")
                 layouts[name] = (sizes, strides, t.dtype)
     bias = Operand(*parts["bias"]) if parts["bias"] else None
+    operands = [parts["a"][0], parts["b"][0], *([parts["bias"][0]] if parts["bias"] else [])]
     return GemmProblem(parts["op"], parts["batch"], parts["m"], parts["n"], parts["k"], Operand(*parts["a"]),
                        Operand(*parts["b"]), Operand(*parts["out"]), bias, parts["alpha"], parts["beta"],
-                       str(lowering.device), epilogue, layouts)
+                       str(lowering.device), epilogue, layouts, _weights(lowering, operands, layouts))
+
+
+def _weights(lowering, names: list[str], layouts: dict) -> dict[str, torch.Tensor]:
+    """The operands among `names` that are views of the program's constants (its weights), as
+    views of the real tensors: the tuner reads them in place instead of allocating a stand-in
+    copy (an LM head's weight is tens of MiB, more than the call itself may need)."""
+    from wrapgen.lowering.graph_lowering import Buffer
+
+    constants = getattr(lowering.captured, "constants", {})
+    roots: dict[str, torch.Tensor] = {}
+    buffers: dict[str, Buffer] = {}
+    for node, value in lowering.values.items():
+        if not isinstance(value, Buffer):
+            continue
+        buffers[value.name] = value
+        if getattr(node, "name", None) in constants:
+            roots[value.name] = constants[node.name][1]
+    out = {}
+    for name in names:
+        buffer = buffers.get(name)
+        root = roots.get(buffer.root) if buffer is not None else None
+        offset = sympy.sympify(buffer.root_offset) if buffer is not None else None
+        if root is None or not offset.is_Integer:
+            continue
+        sizes, strides, dtype = layouts[name]
+        if root.dtype != dtype or root.device != torch.device(lowering.device) or root.is_meta:
+            continue
+        extent = root.untyped_storage().nbytes() // root.element_size()
+        start = root.storage_offset() + int(offset)
+        if all(sizes) and start + sum((s - 1) * st for s, st in zip(sizes, strides)) >= extent:
+            continue
+        out[name] = root.detach().as_strided(sizes, strides, start)
+    return out
 
 
 def _rewrite(lines, extern, group, call: KernelCall, lowering, pending_type) -> list[WrapperLine]:

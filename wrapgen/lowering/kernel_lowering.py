@@ -278,7 +278,7 @@ class KernelGraphLowering(GraphLowering):
 
     # -- kernels -------------------------------------------------------------------------
     def finish_body(self, lines: list[WrapperLine]) -> list[WrapperLine]:
-        lines = apply_gemm_templates(self, lines, PendingCompute)  # max_autotune: GEMM templates first
+        lines = apply_gemm_templates(self, lines, PendingCompute)  # GEMM templates first (max_autotune, misaligned)
         if not self.compute:
             return lines
         from wrapgen.kernels import kernel_codegen

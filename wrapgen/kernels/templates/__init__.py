@@ -1,5 +1,6 @@
-"""GEMM templates for `config.max_autotune`: matrix products generated with their epilogue fused
-(C++ on the CPU, Triton on the GPU), chosen against the library call by measurement."""
+"""GEMM templates for `config.max_autotune` (and, on CUDA, for misaligned products): matrix
+products generated with their epilogue fused (C++ on the CPU, Triton on the GPU), chosen
+against the library call by measurement."""
 
 from __future__ import annotations
 

@@ -45,18 +45,19 @@ class Selection:
     summary: str  # one line: the candidates and their times, the choice marked
 
 
-def select_gemm(problem: GemmProblem, language: str, name: str) -> Selection:
-    """The fastest implementation of `problem` (a template instance named `name`, or the library)."""
-    candidates = _candidates(problem, language, name)
-    backends = config.max_autotune_gemm_backends.split(",")
-    if "aten" in backends:
+def select_gemm(problem: GemmProblem, language: str, name: str, backends: str | None = None) -> Selection:
+    """The fastest implementation of `problem` (a template instance named `name`, or the library),
+    among `backends` (default: `config.max_autotune_gemm_backends`)."""
+    backends = backends or config.max_autotune_gemm_backends
+    candidates = _candidates(problem, language, name, backends)
+    if "aten" in backends.split(","):
         candidates.insert(0, Candidate(ATEN, None))
     if not candidates:
         return Selection(ATEN, None, f"autotune {problem.describe()}: no candidates, library call")
     if len(candidates) == 1:
         only = candidates[0]
         return Selection(only.tag, only.kernel, f"autotune {problem.describe()}: {only.tag} (only candidate)")
-    key = _cache_key(problem, language, candidates)
+    key = _cache_key(problem, language, candidates, backends)
     cached = _read_cache(key)
     if cached is not None and cached["choice"] in {c.tag for c in candidates}:
         stats["cache_hits"] += 1
@@ -77,8 +78,8 @@ def select_gemm(problem: GemmProblem, language: str, name: str) -> Selection:
     return Selection(choice, winner.kernel, summary)
 
 
-def _candidates(problem: GemmProblem, language: str, name: str) -> list[Candidate]:
-    if "template" not in config.max_autotune_gemm_backends.split(","):
+def _candidates(problem: GemmProblem, language: str, name: str, backends: str) -> list[Candidate]:
+    if "template" not in backends.split(","):
         return []
     out = []
     if language == "cpp":
@@ -97,10 +98,13 @@ def _candidates(problem: GemmProblem, language: str, name: str) -> list[Candidat
 # -- measuring ---------------------------------------------------------------------------------
 def _stand_ins(problem: GemmProblem) -> dict[str, torch.Tensor]:
     """Random tensors with exactly the layouts the instance reads and writes (views of a filled
-    storage: a broadcast operand's layout overlaps itself)."""
+    storage: a broadcast operand's layout overlaps itself); the program's weights are read in
+    place."""
     device = torch.device(problem.device)
-    tensors = {}
+    tensors = dict(problem.weights)
     for name, (sizes, strides, dtype) in problem.layouts.items():
+        if name in tensors:
+            continue
         extent = 1 + sum((s - 1) * abs(st) for s, st in zip(sizes, strides)) if all(sizes) else 0
         storage = torch.empty(extent, dtype=dtype, device=device)
         if dtype.is_floating_point:
@@ -199,11 +203,11 @@ def _versions(problem: GemmProblem, language: str) -> str:
     return "|".join(parts)
 
 
-def _cache_key(problem: GemmProblem, language: str, candidates: list[Candidate]) -> str:
+def _cache_key(problem: GemmProblem, language: str, candidates: list[Candidate], backends: str) -> str:
     """Op, sizes, strides, dtypes, device, compiler versions, and the candidates' code (which
     holds the epilogue): the same problem with another epilogue is measured on its own."""
     h = hashlib.sha256()
-    for part in (problem.key(), language, _versions(problem, language), config.max_autotune_gemm_backends):
+    for part in (problem.key(), language, _versions(problem, language), backends):
         h.update(part.encode() + b"\0")
     for c in candidates:
         h.update(c.tag.encode() + b"\0")

@@ -70,6 +70,9 @@ class GemmProblem:
     # every buffer the instance touches -> (sizes, strides, dtype), static: benchmarking
     # allocates stand-ins of exactly these layouts
     layouts: dict = field(default_factory=dict, hash=False, compare=False)
+    # read-only operands that are views of the program's weights, as real tensors: measured in
+    # place (no stand-in copy of a large weight at compile time)
+    weights: dict = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def rows(self) -> tuple[int, ...]:
