@@ -293,6 +293,7 @@ def test_targets_run_a_partitioned_program(target, fn):
         assert "_graph_g0((args_0, args_1), ())" in artifact.source
     if target == "cpp":
         assert "wrapgen::graphs::Call wg_g0(" in artifact.source
+        assert "wg_share_capture_stream" in artifact.source  # the host lends its capture stream
     if target == "fx":
         tagged = [node for node in artifact.call.graph.nodes if node.meta.get("wrapgen_cuda_graph") == "g0"] if hasattr(artifact.call, "graph") else None
         assert tagged is None or tagged
@@ -313,7 +314,8 @@ def test_cuda_graphs_header_compiles_with_and_without_cuda(tmp_path):
         '#include "wrapgen/cuda_graphs.h"\n'
         "int main() {\n"
         "  wrapgen::graphs::Program p; wrapgen::graphs::Region r;\n"
-        "  { wrapgen::graphs::RunGuard g(p, 0); wrapgen::graphs::Call c(p, r, 0, true, true); c.key({1, 2});\n"
+        "  wrapgen::graphs::host_stream().acquire = nullptr;\n"
+    "  { wrapgen::graphs::RunGuard g(p, 0); wrapgen::graphs::Call c(p, r, 0, true, true); c.key({1, 2});\n"
         "    wrapgen::Tensor t; wrapgen::Value v; if (c.replay()) t = c.output(0);\n"
         "    c.begin_body(); c.release(t); c.release(v); c.end_body({&t}, {}); }\n"
         "  return 0;\n}\n"

@@ -10,7 +10,7 @@
 //   else { Tensor t_x = call.bind(0); ...; call.begin_body(); <lines>; call.end_body({&t_out}, {...}); }
 //
 // The first call with a key (the key symbols, and the strides of the inputs copied in) runs the
-// lines eagerly on the capture stream (the warm-up); the second records them on a capture stream of the program's own
+// lines eagerly on the capture stream (the warm-up); the second records them on that stream
 // (PyTorch's current stream is switched to it, so library calls are recorded too) and launches
 // the graph; later ones copy the copied inputs into the graph's static buffers and launch it.
 // Inputs used in place (constants, parameters) are checked by address: a changed address (for
@@ -19,7 +19,9 @@
 // Memory: the stable C shim has no access to PyTorch's graph memory pools, so every tensor the
 // wrapper allocates while recording is held by the graph until it is dropped (at most
 // kMaxGraphs per region), and freed tensors are held too (`release`). All recording happens on
-// the program's capture stream, whose cached blocks only later recordings reuse.
+// the capture stream: the program's own, or the one the host process lends (`HostStream`:
+// wrapgen's Python side lends the stream its own graphs record on, so cuBLAS keeps one
+// workspace for both, and holds its recording lock while a warm-up or recording runs there).
 //
 // Threads: runs of a model with graphs are serialized by the program's mutex (`RunGuard`, held
 // for the whole run, since graph memory is shared by all runs), and each run's stream waits for
@@ -103,10 +105,25 @@ struct Region {
   bool eager = false;
 };
 
+// A capture stream the host process lends this library (`wg_share_capture_stream`): Python's
+// wrapgen lends its own, so Python and C++ programs record on one stream and cuBLAS makes one
+// workspace for it, not one per library. `acquire` returns the stream for a device (nullptr:
+// none lent) and holds the host's recording lock until `release`; warm-ups and recordings run
+// between the two, replays never take them.
+struct HostStream {
+  void* (*acquire)(int32_t device) = nullptr;
+  void (*release)(int32_t device) = nullptr;
+};
+inline HostStream& host_stream() {
+  static HostStream lent;
+  return lent;
+}
+
 // Per model library: the lock runs take, the capture stream, and the recording order.
 struct Program {
   std::mutex mutex;
-  CUstream capture_stream = nullptr;
+  CUstream capture_stream = nullptr;  // the current warm-up's or recording's stream
+  CUstream own_stream = nullptr;      // made when the host lends none
   CUevent done = nullptr;
   uint64_t generation = 0;  // of the last graph recorded
   uint64_t last = 0;        // of the last graph replayed in the current run
@@ -261,7 +278,12 @@ class Call {
     if (!pending_) pending_ = std::make_unique<Graph>();
     enter_capture_stream();
     const Driver& d = driver();
-    d.check(d.cuStreamBeginCapture(program_.capture_stream, kCaptureModeRelaxed), "cuStreamBeginCapture");
+    const CUresult began = d.cuStreamBeginCapture(program_.capture_stream, kCaptureModeRelaxed);
+    if (began != 0) {
+      drop_stream_guard();
+      give_back_stream();
+      d.check(began, "cuStreamBeginCapture");
+    }
     capturing_ = true;
 #endif
   }
@@ -293,6 +315,7 @@ class Call {
     CUgraph graph = nullptr;
     const CUresult ended = d.cuStreamEndCapture(program_.capture_stream, &graph);
     drop_stream_guard();
+    give_back_stream();
     pending_->graph = graph;
     const CUresult instantiated = ended != 0 ? ended : d.cuGraphInstantiateWithFlags(&pending_->exec, graph, 0);
     if (instantiated != 0) {  // this region runs eagerly from now on; this run fails with the reason
@@ -368,14 +391,26 @@ class Call {
   void enter_capture_stream() {
 #ifdef USE_CUDA
     const Driver& d = driver();
-    if (program_.capture_stream == nullptr) {
-      d.check(d.cuStreamCreate(&program_.capture_stream, kStreamNonBlocking), "cuStreamCreate");
-      d.check(d.cuEventCreate(&program_.done, kEventDisableTiming), "cuEventCreate");
+    if (program_.done == nullptr) d.check(d.cuEventCreate(&program_.done, kEventDisableTiming), "cuEventCreate");
+    const HostStream& host = host_stream();
+    void* lent = host.acquire != nullptr ? host.acquire(device_) : nullptr;
+    if (lent != nullptr) {
+      borrowed_ = true;
+      program_.capture_stream = static_cast<CUstream>(lent);
+    } else {
+      if (program_.own_stream == nullptr) d.check(d.cuStreamCreate(&program_.own_stream, kStreamNonBlocking), "cuStreamCreate");
+      program_.capture_stream = program_.own_stream;
     }
-    caller_ = static_cast<CUstream>(current_cuda_stream(device_));
-    d.check(d.cuEventRecord(program_.done, caller_), "cuEventRecord");
-    d.check(d.cuStreamWaitEvent(program_.capture_stream, program_.done, 0), "cuStreamWaitEvent");
-    check(aoti_torch_create_cuda_stream_guard(program_.capture_stream, device_, &stream_guard_), "aoti_torch_create_cuda_stream_guard");
+    try {
+      caller_ = static_cast<CUstream>(current_cuda_stream(device_));
+      d.check(d.cuEventRecord(program_.done, caller_), "cuEventRecord");
+      d.check(d.cuStreamWaitEvent(program_.capture_stream, program_.done, 0), "cuStreamWaitEvent");
+      check(aoti_torch_create_cuda_stream_guard(program_.capture_stream, device_, &stream_guard_), "aoti_torch_create_cuda_stream_guard");
+    } catch (...) {
+      drop_stream_guard();
+      give_back_stream();
+      throw;
+    }
 #endif
   }
 
@@ -384,9 +419,19 @@ class Call {
 #ifdef USE_CUDA
     drop_stream_guard();
     const Driver& d = driver();
-    d.check(d.cuEventRecord(program_.done, program_.capture_stream), "cuEventRecord");
-    d.check(d.cuStreamWaitEvent(caller_, program_.done, 0), "cuStreamWaitEvent");
+    const CUresult recorded = d.cuEventRecord(program_.done, program_.capture_stream);
+    const CUresult waited = recorded != 0 ? recorded : d.cuStreamWaitEvent(caller_, program_.done, 0);
+    give_back_stream();
+    d.check(waited, recorded != 0 ? "cuEventRecord" : "cuStreamWaitEvent");
 #endif
+  }
+
+  // The lent stream back to the host (its recording lock released), after a warm-up or recording.
+  void give_back_stream() noexcept {
+    if (borrowed_) {
+      borrowed_ = false;
+      if (host_stream().release != nullptr) host_stream().release(device_);
+    }
   }
 
   void drop_stream_guard() {
@@ -419,6 +464,7 @@ class Call {
     } catch (...) {
     }
     drop_stream_guard();
+    give_back_stream();
 #endif
     pending_.reset();
     region_.eager = true;
@@ -441,6 +487,7 @@ class Call {
   CUstream caller_ = nullptr;
   CUDAStreamGuardHandle stream_guard_ = nullptr;
 #endif
+  bool borrowed_ = false;  // holds the host's lent stream (and its recording lock)
 };
 
 }  // namespace graphs

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from wrapgen.errors import InputMismatchError
+from wrapgen.kernels.streams import capture_stream, recording_lock
 
 WG_MODEL_ABI_VERSION = 1
 _MESSAGE_SIZE = 4096
@@ -66,6 +67,31 @@ def raise_error(kind: int, message: str) -> None:
     raise RuntimeError(f"C++ model failed: {message}")
 
 
+# The capture stream lent to C++ models with CUDA graphs (see cuda_graphs.h, HostStream): they
+# record on the stream Python's graphs record on, under the same lock, so cuBLAS makes one
+# workspace for both. The callbacks live as long as the process (libraries keep them).
+_ACQUIRE_STREAM = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int32)
+_RELEASE_STREAM = ctypes.CFUNCTYPE(None, ctypes.c_int32)
+
+
+def _acquire(device: int) -> int | None:
+    """The capture stream of `device`, with the recording lock held (None, and no lock: none)."""
+    recording_lock.acquire()
+    try:
+        return capture_stream(device).cuda_stream
+    except Exception:  # noqa: BLE001 - the library then records on a stream of its own
+        recording_lock.release()
+        return None
+
+
+def _release(device: int) -> None:
+    recording_lock.release()
+
+
+_acquire_stream = _ACQUIRE_STREAM(_acquire)
+_release_stream = _RELEASE_STREAM(_release)
+
+
 class CppModel:
     """A loaded model library: `model(args)` runs it on a list of inputs (the boxed convention)."""
 
@@ -92,6 +118,11 @@ class CppModel:
             ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(WgValue), ctypes.c_int64,
             ctypes.POINTER(WgValue), ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64,
         ]
+        share = getattr(self.library, "wg_share_capture_stream", None)  # models with CUDA graphs
+        if share is not None and torch.cuda.is_available():
+            share.restype = None
+            share.argtypes = [_ACQUIRE_STREAM, _RELEASE_STREAM]
+            share(_acquire_stream, _release_stream)
         self._live = self.library.wg_live_handles
         self._live.restype = ctypes.c_int64
         self.inputs = self.metadata["inputs"]

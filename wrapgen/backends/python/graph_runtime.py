@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+from wrapgen.kernels.streams import capture_stream, on_capture_stream, recording_lock
+
 MAX_GRAPHS = 8
 MAX_RECORDS = 64
 
@@ -54,17 +56,6 @@ def prepare_capture_stream(stream: torch.cuda.Stream) -> None:
             torch.mm(a, a)
             torch.addmm(a[0], a, a)
     stream.synchronize()
-
-
-_capture_streams: dict[int, torch.cuda.Stream] = {}
-
-
-def capture_stream(device: torch.device) -> torch.cuda.Stream:
-    """The stream every program in this process warms up and records its graphs on, per device."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _capture_streams:
-        _capture_streams[index] = torch.cuda.Stream(device=index)
-    return _capture_streams[index]
 
 
 class GraphPool:
@@ -171,12 +162,9 @@ class GraphRegion:
         and not also for the caller's, where a fully recorded program never needs it."""
         if self.device.type != "cuda":
             return self.fn(*inputs, *key)
-        stream = capture_stream(self.device)
-        caller = torch.cuda.current_stream(self.device)
-        stream.wait_stream(caller)
-        with torch.cuda.stream(stream):
+        with on_capture_stream(self.device):
             outputs = self.fn(*inputs, *key)
-        caller.wait_stream(stream)
+        caller = torch.cuda.current_stream(self.device)
         for t in outputs:
             if isinstance(t, torch.Tensor) and t.device.type == "cuda":
                 t.record_stream(caller)  # made on the capture stream, used on the caller's
@@ -211,7 +199,8 @@ class GraphRegion:
         for index in self.in_place:
             pointers[index] = inputs[index].data_ptr()
         try:
-            graph, outputs = self._capture(statics, key)
+            with recording_lock:  # nothing else may queue work on the stream while it records
+                graph, outputs = self._capture(statics, key)
         except Exception as error:  # noqa: BLE001 - any failure: run without a graph, say why
             warnings.warn(f"CUDA graph {self.name} could not be recorded ({error}); it runs without a graph", stacklevel=3)
             self.eager = True

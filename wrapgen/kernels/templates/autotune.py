@@ -25,6 +25,7 @@ import torch
 from wrapgen import config
 from wrapgen.cache import cache_root
 from wrapgen.kernels.cpp.codegen import GeneratedKernel
+from wrapgen.kernels.streams import on_capture_stream
 from wrapgen.kernels.templates.problem import GemmProblem
 from wrapgen.kernels.timing import seconds_per_call
 
@@ -141,6 +142,17 @@ def _library_call(problem: GemmProblem, tensors: dict[str, torch.Tensor]) -> Cal
 
 
 def _measure(problem: GemmProblem, language: str, candidates: list[Candidate]) -> dict[str, float | None]:
+    """Each candidate's milliseconds per call. A program compiled with CUDA graphs runs its
+    products on the process's capture stream: they are measured there too, so the library
+    call's per-stream workspace (32 MiB on Hopper) is the one the program will use, not a
+    second one on the caller's stream."""
+    if config.cuda_graphs and torch.device(problem.device).type == "cuda":
+        with on_capture_stream(problem.device):
+            return _measure_here(problem, language, candidates)
+    return _measure_here(problem, language, candidates)
+
+
+def _measure_here(problem: GemmProblem, language: str, candidates: list[Candidate]) -> dict[str, float | None]:
     tensors = _stand_ins(problem)
     runners: dict[str, Callable[[], None] | None] = {}
     templates = [c for c in candidates if c.kernel is not None]
