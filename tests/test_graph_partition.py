@@ -44,6 +44,7 @@ from wrapgen.wrapper_ir import (
 )
 from wrapgen.wrapper_ir.graphs import op_blocker, seeded_op_blocker
 from wrapgen.wrapper_ir.passes import partition_graphs
+from wrapgen.wrapper_ir.passes.graph_partition import OUTPUT_COPY
 from wrapgen.wrapper_ir.values import contiguous_strides
 
 CUDA = torch.device("cuda:0")
@@ -291,12 +292,77 @@ def test_targets_run_a_partitioned_program(target, fn):
         torch.testing.assert_close(tuple(artifact.call([a.clone(), b.clone()])), fn(a, b))
     if target == "python":
         assert "_graph_g0((args_0, args_1), ())" in artifact.source
+        assert "library_calls=False)" in artifact.source  # generated kernels only: no cuBLAS workspace made
     if target == "cpp":
         assert "wrapgen::graphs::Call wg_g0(" in artifact.source
         assert "wg_share_capture_stream" in artifact.source  # the host lends its capture stream
     if target == "fx":
         tagged = [node for node in artifact.call.graph.nodes if node.meta.get("wrapgen_cuda_graph") == "g0"] if hasattr(artifact.call, "graph") else None
         assert tagged is None or tagged
+
+
+def _logits(x, w):
+    return torch.tanh(x @ w)[:, :, None] * torch.linspace(0, 1, 128)  # 2 MiB written by a kernel, as an LM head's logits
+
+
+@pytest.mark.parametrize("target", ["python", "cpp", "fx", "interpret"])
+def test_a_large_output_is_made_outside_the_graph_not_copied_out(target):
+    x, w = torch.randn(64, 64), torch.randn(64, 64)
+    program = verify(partition_graphs(optimize(wrapgen.lower(_logits, (x, w))), device_type="cpu"))
+    lines = text_lines(program)
+    end = next(i for i, t in enumerate(lines) if t.startswith("graph g0 end"))
+    product = next(i for i, t in enumerate(lines) if "aten::mm" in t)
+    last_kernel = max(i for i, t in enumerate(lines) if t.startswith("call "))
+    # the product stays in the graph (a library call outside it would make a cuBLAS workspace
+    # for the caller's stream); the kernel writing the result runs after it
+    assert product < end < last_kernel and not any("graph g1" in t for t in lines)
+    assert not any(OUTPUT_COPY in t for t in lines)
+    artifact = get_backend(target)().compile(program)
+    results = []
+    for _ in range(3):  # warm-up, then what would be record and replay on CUDA
+        a, b = torch.randn(64, 64), torch.randn(64, 64)
+        results.append((artifact.call([a.clone(), b.clone()]), _logits(a, b)))
+    for (got,), want in results:  # each call returned memory of its own
+        torch.testing.assert_close(got, want)
+    assert len({got.untyped_storage().data_ptr() for (got,), _ in results}) == 3
+    if target == "python":  # its graph holds a library call: cuBLAS's workspace is made before recording
+        assert "library_calls=True)" in artifact.source
+
+
+@pytest.mark.parametrize("kernels", [1, 2])
+def test_the_tail_left_outside_never_costs_more_launches_than_the_copies(kernels):
+    """A 2 MiB output written by one kernel after the graph saves its copy; written by two, the
+    two launches outside would cost more than one copy: it stays inside and is copied out."""
+    x, w, big = ty(4, 8), ty(8, 8), ty(512, 1024)
+    ref = TensorRef
+    writers = [KernelCall("k0", (ref("buf0"), ref("buf1")), (sympy.Integer(1),), writes=("buf1",))]
+    if kernels == 2:
+        writers.append(KernelCall("k1", (ref("buf1"),), (sympy.Integer(1),), writes=("buf1",)))
+    lines = [
+        AssertInput("x", torch.float32, CUDA, x.sizes, x.strides),
+        KernelDefinition("k0", "triton", "# k0"),
+        KernelDefinition("k1", "triton", "# k1"),
+        Allocate("buf0", ty(4, 8)),
+        ExternKernel(None, "aten::mm.out", (ref("x"), ref("w")), (("out", ref("buf0")),), writes=("buf0",)),
+        Allocate("buf1", big),
+        *writers,
+        Free("buf0"),
+        Output((ref("buf1"),)),
+    ]
+    program = Program("tail", (TensorInput("x", x),), (), (Constant("w", w, "weight"),), tuple(lines))
+    text = text_lines(verify(partition_graphs(verify(program))))
+    end = text.index("graph g0 end  outputs (buf0)" if kernels == 1 else "graph g0 end  outputs (buf1)")
+    assert (text.index(next(t for t in text if t.startswith("call k0"))) > end) == (kernels == 1)
+    assert any(OUTPUT_COPY in t for t in text) == (kernels == 2)
+
+
+def test_small_outputs_stay_in_the_graph_and_are_copied_out():
+    x, w = torch.randn(4, 8), torch.randn(8, 8)  # 16 KiB
+    program = verify(partition_graphs(optimize(wrapgen.lower(_logits, (x, w))), device_type="cpu"))
+    lines = text_lines(program)
+    last_kernel = max(i for i, t in enumerate(lines) if t.startswith("call "))
+    assert last_kernel < lines.index(next(t for t in lines if t.startswith("graph g0 end")))
+    assert any(OUTPUT_COPY in t for t in lines)
 
 
 def test_cpp_refuses_a_random_op_inside_a_graph():

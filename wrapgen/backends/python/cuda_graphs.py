@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from wrapgen.wrapper_ir.graphs import GraphBegin, GraphEnd
-from wrapgen.wrapper_ir.lines import Free, WrapperLine
+from wrapgen.wrapper_ir.lines import ExternKernel, Free, WrapperLine
 from wrapgen.wrapper_ir.program import Program
 
 
@@ -24,6 +24,7 @@ class _OpenRegion:
     saved: tuple
     local: set[str] = field(default_factory=set)
     deferred: list[Free] = field(default_factory=list)
+    library_calls: bool = False  # an ExternKernel inside: cuBLAS may need its workspace
 
 
 class PythonGraphRegions:
@@ -32,6 +33,7 @@ class PythonGraphRegions:
     def emit(self, program: Program):
         self._graph_functions: list[list[str]] = []
         self._graph_regions: list[GraphBegin] = []
+        self._graph_library_calls: dict[str, bool] = {}
         self._open_region: _OpenRegion | None = None
         return super().emit(program)  # type: ignore[misc]
 
@@ -43,6 +45,7 @@ class PythonGraphRegions:
                 return
             region.local.update(line.defines())
             region.local.difference_update(line.frees())
+            region.library_calls |= isinstance(line, ExternKernel)
         super().dispatch(line)  # type: ignore[misc]
 
     def emit_graph_begin(self, line: GraphBegin) -> None:
@@ -58,6 +61,7 @@ class PythonGraphRegions:
         params = ", ".join([*begin.inputs, *(str(s) for s in begin.key)])
         self._graph_functions.append([f"def _region_{line.graph}({params}):", *self.body])
         self._graph_regions.append(begin)
+        self._graph_library_calls[line.graph] = region.library_calls
         self.body, self.depth, self.call_prologues, self.pool_views = region.saved
         self._open_region = None
         inputs = ", ".join(begin.inputs) + ("," if len(begin.inputs) == 1 else "")
@@ -78,7 +82,8 @@ class PythonGraphRegions:
             in_place = tuple(begin.inputs.index(name) for name in begin.in_place)
             lines.append(
                 f"_graph_{begin.graph} = GraphRegion({begin.graph!r}, _region_{begin.graph}, {str(begin.device)!r}, "
-                f"{len(begin.inputs)}, {in_place!r}, _graph_pool, first={number == 0})"
+                f"{len(begin.inputs)}, {in_place!r}, _graph_pool, first={number == 0}, "
+                f"library_calls={self._graph_library_calls[begin.graph]})"
             )
         return [*lines, "", ""]
 

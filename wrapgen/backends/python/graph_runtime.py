@@ -110,6 +110,7 @@ class GraphRegion:
         in_place: Sequence[int],
         pool: GraphPool,
         first: bool,
+        library_calls: bool = True,
     ) -> None:
         self.name = name
         self.fn = fn
@@ -119,6 +120,7 @@ class GraphRegion:
         self.copied = [i for i in range(num_inputs) if i not in set(in_place)]
         self.pool = pool
         self.first = first
+        self.library_calls = library_calls  # false: no cuBLAS workspace to make before recording
         self.graphs: OrderedDict[tuple, _Graph] = OrderedDict()
         self.warm: set[tuple] = set()
         self.records = 0
@@ -218,7 +220,8 @@ class GraphRegion:
         graph = torch.cuda.CUDAGraph()
         recording = torch.cuda.graph(graph, pool=self.pool.handle(), stream=capture_stream(self.device),
                                      capture_error_mode="thread_local")
-        prepare_capture_stream(recording.capture_stream)
+        if self.library_calls:
+            prepare_capture_stream(recording.capture_stream)
         with recording:
             outputs = self.fn(*statics, *key)
         return graph, tuple(outputs)

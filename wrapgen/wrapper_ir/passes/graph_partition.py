@@ -11,7 +11,12 @@ A region without a kernel or library call is left as plain lines.
 Names a region defines and later lines use are its outputs: graph memory, which the next replay
 overwrites. So each program output that lives in graph memory is copied into a fresh tensor
 before `return` (`# copied out of graph memory` lines): what a call returns is never
-overwritten by a later one.
+overwritten by a later one. The lines at the program's end that only make returned tensors
+(the generated kernels writing them, their allocations and views: an LM head's logits from
+a GEMM template) stay outside the graphs instead, when a returned tensor is at least `OUTPUT_TAIL_MIN_BYTES`
+(at the size hints): they write fresh memory each call, one launch as the copy would be,
+without the copy's traffic or a second output-sized buffer held by the graph (and never
+more launches outside than the copies they save). Smaller outputs are copied: the copy costs nothing measurable, and the program stays in one graph.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from wrapgen.wrapper_ir.graphs import (
     line_blocker,
     region_blocker,
     root_of,
+    written_names,
 )
 from wrapgen.wrapper_ir.lines import (
     Allocate,
@@ -47,6 +53,7 @@ from wrapgen.wrapper_ir.program import Program
 from wrapgen.wrapper_ir.values import TensorRef, TensorType, contiguous_strides
 
 OUTPUT_COPY = "copied out of graph memory"
+OUTPUT_TAIL_MIN_BYTES = 1 << 20
 
 
 @dataclass
@@ -78,7 +85,7 @@ def partition_graphs(
         raise ValueError(f"program {program.name} is partitioned already")
     ctx = CaptureContext.of(program, blocker)
     static = set(static_inputs) | {c.name for c in program.constants}
-    forced: set[int] = set()
+    forced: set[int] = _returned_tail(program)
     for _ in range(len(program.lines) + 1):
         lines, problems = _partition(program, ctx, static, device_type, forced)
         if not problems:
@@ -123,11 +130,12 @@ def _partition(
             region.lines.append((index, line))
         else:
             reason = "forced" if index in forced else None
-            if reason is None and region is not None:
-                reason = line_blocker(line, ctx, region.device) or region_blocker(
-                    line, "", region.born, roots, region.in_place_roots
-                )
-                if reason is not None:
+            if region is not None:
+                if reason is None:
+                    reason = line_blocker(line, ctx, region.device) or region_blocker(
+                        line, "", region.born, roots, region.in_place_roots
+                    )
+                if reason is not None:  # the region ends before a line that stays outside
                     close()
             if region is None and reason is None and not isinstance(line, NEUTRAL_LINES):
                 device = _line_device(line, ctx)
@@ -145,6 +153,63 @@ def _partition(
             roots[name] = root_of(roots, line, name)
     close()
     return out, problems
+
+
+def _storage_roots(lines: Iterable[WrapperLine]) -> dict[str, str]:
+    """Each name's storage: a view's source's, and storage handed on (a reused buffer, a pool's
+    slice) counts as the storage it came from."""
+    roots: dict[str, str] = {}
+    for line in lines:
+        handed = line.source if isinstance(line, ReuseBuffer) else line.pool if isinstance(line, AllocateFromPool) else None
+        for name in line.defines():
+            roots[name] = roots.get(handed, handed) if handed is not None else root_of(roots, line, name)
+    return roots
+
+
+def _returned_tail(program: Program) -> set[int]:
+    """Indices of the lines at the end of `program` that only allocate, view or write storage
+    the program returns: they stay outside the graphs (see the module docstring)."""
+    lines = program.lines
+    if not lines or not isinstance(lines[-1], Output):
+        return set()
+    roots = _storage_roots(lines)
+    returned = {roots.get(v.name, v.name) for v in lines[-1].values if isinstance(v, TensorRef)}
+    hints = {info.symbol: info.hint for info in program.symbols}
+    types = program.value_types()
+    if not any(_bytes_at_hints(types.get(v.name), hints) >= OUTPUT_TAIL_MIN_BYTES for v in lines[-1].values if isinstance(v, TensorRef)):
+        return set()
+    tail: set[int] = set()
+    for index in range(len(lines) - 2, -1, -1):
+        line = lines[index]
+        if isinstance(line, NEUTRAL_LINES):
+            continue
+        touched = [roots.get(n, n) for n in (*line.defines(), *written_names(line))]
+        if not touched or isinstance(line, (ReuseBuffer, AllocateFromPool, ExternKernel)) or not all(r in returned for r in touched):
+            break  # (a library call outside the graphs would make cuBLAS a workspace for the caller's stream)
+        tail.add(index)
+    # only storage the tail itself allocates comes out fresh: a kernel writing into storage made
+    # inside a graph (a buffer reused in place) stays there, and that output is copied out
+    made = {n for i in tail for n in lines[i].defines() if roots.get(n, n) == n}
+    tail = {i for i in tail if all(roots.get(n, n) in made for n in (*lines[i].defines(), *written_names(lines[i])))}
+    # each launch moved out of the graphs must save a copy-out launch: never more launches (a
+    # forward pass that returns every activation it saves must not leave its graph whole)
+    launches = sum(isinstance(lines[i], KernelCall) or hasattr(lines[i], "candidates") for i in tail)
+    fresh = {v.name for v in lines[-1].values if isinstance(v, TensorRef) and roots.get(v.name, v.name) in made}
+    return tail if launches <= len(fresh) else set()
+
+
+def _bytes_at_hints(type_: object, hints: dict) -> int:
+    """The bytes a tensor of `type_` spans at the symbols' hints (0 when unknown)."""
+    if not isinstance(type_, TensorType) or type_.strides is None:
+        return 0
+    try:
+        sizes = [int(sympy.sympify(n).subs(hints)) for n in type_.sizes]
+        strides = [int(sympy.sympify(st).subs(hints)) for st in type_.strides]
+    except TypeError:  # a symbol without a hint
+        return 0
+    if not all(sizes):
+        return 0
+    return (1 + sum((n - 1) * abs(st) for n, st in zip(sizes, strides))) * type_.dtype.itemsize
 
 
 def _line_device(line: WrapperLine, ctx: CaptureContext) -> torch.device | None:
@@ -214,14 +279,11 @@ def _emit_region(
 
 def _copy_outputs(program: Program, lines: list[WrapperLine]) -> list[WrapperLine]:
     """Before `return`, copy each output that lives in graph memory into a fresh tensor."""
-    roots: dict[str, str] = {}
+    roots = _storage_roots(lines)
     graph_memory: set[str] = set()
     inside = False
     for line in lines:
-        # storage handed on (reuse, a pool's slice) counts as the storage it came from here
-        handed = line.source if isinstance(line, ReuseBuffer) else line.pool if isinstance(line, AllocateFromPool) else None
         for name in line.defines():
-            roots[name] = roots.get(handed, handed) if handed is not None else root_of(roots, line, name)
             if inside or roots[name] in graph_memory:
                 graph_memory.add(name)
         if isinstance(line, (GraphBegin, GraphEnd)):
