@@ -12,11 +12,12 @@ Names a region defines and later lines use are its outputs: graph memory, which 
 overwrites. So each program output that lives in graph memory is copied into a fresh tensor
 before `return` (`# copied out of graph memory` lines): what a call returns is never
 overwritten by a later one. The lines at the program's end that only make returned tensors
-(the generated kernels writing them, their allocations and views: an LM head's logits from
-a GEMM template) stay outside the graphs instead, when a returned tensor is at least `OUTPUT_TAIL_MIN_BYTES`
-(at the size hints): they write fresh memory each call, one launch as the copy would be,
-without the copy's traffic or a second output-sized buffer held by the graph (and never
-more launches outside than the copies they save). Smaller outputs are copied: the copy costs nothing measurable, and the program stays in one graph.
+(the generated kernels writing them, their allocations and views: an LM head's logits from a
+GEMM template) stay outside the graphs instead, when a returned tensor is at least
+`OUTPUT_TAIL_MIN_BYTES` (at the size hints): they write fresh memory each call, one launch as
+the copy would be, without the copy's traffic or a second output-sized buffer held by the
+graph (and never more launches outside than the copies they save). Smaller outputs are
+copied: the copy costs nothing measurable, and the program stays in one graph.
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ def _returned_tail(program: Program) -> set[int]:
     tail: set[int] = set()
     for index in range(len(lines) - 2, -1, -1):
         line = lines[index]
-        if isinstance(line, NEUTRAL_LINES):
+        if isinstance(line, (*NEUTRAL_LINES, SymbolicCallArg)):  # (size arithmetic moves before a region anyway)
             continue
         touched = [roots.get(n, n) for n in (*line.defines(), *written_names(line))]
         if not touched or isinstance(line, (ReuseBuffer, AllocateFromPool, ExternKernel)) or not all(r in returned for r in touched):
