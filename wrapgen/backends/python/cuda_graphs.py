@@ -32,8 +32,7 @@ class PythonGraphRegions:
 
     def emit(self, program: Program):
         self._graph_functions: list[list[str]] = []
-        self._graph_regions: list[GraphBegin] = []
-        self._graph_library_calls: dict[str, bool] = {}
+        self._graph_regions: list[tuple[GraphBegin, bool]] = []  # (region, holds a library call)
         self._open_region: _OpenRegion | None = None
         return super().emit(program)  # type: ignore[misc]
 
@@ -60,8 +59,7 @@ class PythonGraphRegions:
         self.writeline(f"return ({outputs})")
         params = ", ".join([*begin.inputs, *(str(s) for s in begin.key)])
         self._graph_functions.append([f"def _region_{line.graph}({params}):", *self.body])
-        self._graph_regions.append(begin)
-        self._graph_library_calls[line.graph] = region.library_calls
+        self._graph_regions.append((begin, region.library_calls))
         self.body, self.depth, self.call_prologues, self.pool_views = region.saved
         self._open_region = None
         inputs = ", ".join(begin.inputs) + ("," if len(begin.inputs) == 1 else "")
@@ -78,12 +76,12 @@ class PythonGraphRegions:
         lines = ["from wrapgen.backends.python.graph_runtime import GraphPool, GraphRegion", "", "_graph_pool = GraphPool()", "", ""]
         for function in self._graph_functions:
             lines += [*function, "", ""]
-        for number, begin in enumerate(self._graph_regions):
+        for number, (begin, library_calls) in enumerate(self._graph_regions):
             in_place = tuple(begin.inputs.index(name) for name in begin.in_place)
             lines.append(
                 f"_graph_{begin.graph} = GraphRegion({begin.graph!r}, _region_{begin.graph}, {str(begin.device)!r}, "
                 f"{len(begin.inputs)}, {in_place!r}, _graph_pool, first={number == 0}, "
-                f"library_calls={self._graph_library_calls[begin.graph]})"
+                f"library_calls={library_calls})"
             )
         return [*lines, "", ""]
 

@@ -51,7 +51,7 @@ from wrapgen.wrapper_ir.lines import (
     WrapperLine,
 )
 from wrapgen.wrapper_ir.program import Program
-from wrapgen.wrapper_ir.values import TensorRef, TensorType, contiguous_strides
+from wrapgen.wrapper_ir.values import TensorRef, TensorType, contiguous_strides, storage_bytes
 
 OUTPUT_COPY = "copied out of graph memory"
 OUTPUT_TAIL_MIN_BYTES = 1 << 20
@@ -201,16 +201,10 @@ def _returned_tail(program: Program) -> set[int]:
 
 def _bytes_at_hints(type_: object, hints: dict) -> int:
     """The bytes a tensor of `type_` spans at the symbols' hints (0 when unknown)."""
-    if not isinstance(type_, TensorType) or type_.strides is None:
+    if not isinstance(type_, TensorType):
         return 0
-    try:
-        sizes = [int(sympy.sympify(n).subs(hints)) for n in type_.sizes]
-        strides = [int(sympy.sympify(st).subs(hints)) for st in type_.strides]
-    except TypeError:  # a symbol without a hint
-        return 0
-    if not all(sizes):
-        return 0
-    return (1 + sum((n - 1) * abs(st) for n, st in zip(sizes, strides))) * type_.dtype.itemsize
+    nbytes = storage_bytes(type_).subs(hints)
+    return int(nbytes) if nbytes.is_Integer else 0
 
 
 def _line_device(line: WrapperLine, ctx: CaptureContext) -> torch.device | None:
