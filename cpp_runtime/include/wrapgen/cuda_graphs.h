@@ -20,8 +20,9 @@
 // wrapper allocates while recording is held by the graph until it is dropped (at most
 // kMaxGraphs per region), and freed tensors are held too (`release`). All recording happens on
 // the capture stream: the program's own, or the one the host process lends (`HostStream`:
-// wrapgen's Python side lends the stream its own graphs record on, so cuBLAS keeps one
-// workspace for both, and holds its recording lock while a warm-up or recording runs there).
+// wrapgen's Python side lends one per device, shared by the C++ models it loads, so cuBLAS
+// keeps one workspace for them, and holds its recording lock while a warm-up or recording runs
+// there). That workspace belongs to PyTorch, which may free it (`workspace_epoch`).
 //
 // Threads: runs of a model with graphs are serialized by the program's mutex (`RunGuard`, held
 // for the whole run, since graph memory is shared by all runs), and each run's stream waits for
@@ -34,6 +35,7 @@
 #define WRAPGEN_CUDA_GRAPHS_H_
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -78,6 +80,7 @@ struct Graph {
   CUgraph graph = nullptr;
   CUgraphExec exec = nullptr;
   uint64_t generation = 0;
+  uint64_t workspaces = 0;                   // workspace_epoch() when it was recorded
 
   Graph() = default;
   Graph(const Graph&) = delete;
@@ -106,8 +109,8 @@ struct Region {
 };
 
 // A capture stream the host process lends this library (`wg_share_capture_stream`): Python's
-// wrapgen lends its own, so Python and C++ programs record on one stream and cuBLAS makes one
-// workspace for it, not one per library. `acquire` returns the stream for a device (nullptr:
+// wrapgen lends one per device to every C++ model it loads, so cuBLAS makes one workspace for
+// them, not one per library. `acquire` returns the stream for a device (nullptr:
 // none lent) and holds the host's recording lock until `release`; warm-ups and recordings run
 // between the two, replays never take them.
 struct HostStream {
@@ -117,6 +120,15 @@ struct HostStream {
 inline HostStream& host_stream() {
   static HostStream lent;
   return lent;
+}
+
+// Counts the clears of PyTorch's cuBLAS workspaces this library was told of
+// (`wg_workspaces_cleared`, called by wrapgen's Python side before each clear). A recorded
+// matmul writes into the workspace its stream had when recorded; a clear frees it, so a graph
+// recorded before the last clear is recorded again, never replayed into freed memory.
+inline std::atomic<uint64_t>& workspace_epoch() {
+  static std::atomic<uint64_t> epoch{0};
+  return epoch;
 }
 
 // Per model library: the lock runs take, the capture stream, and the recording order.
@@ -200,7 +212,8 @@ class Call {
     for (size_t i = 0; i < graphs.size(); ++i) {
       Graph& g = *graphs[i];
       if (g.key != key_) continue;
-      if (g.generation < program_.last || g.pointers != pointers_) {  // stale: record it again
+      const bool freed_workspace = g.workspaces != workspace_epoch().load(std::memory_order_acquire);
+      if (g.generation < program_.last || g.pointers != pointers_ || freed_workspace) {  // stale: record it again
         graphs.erase(graphs.begin() + static_cast<std::ptrdiff_t>(i));
         capturing_wanted_ = true;
         return false;
@@ -277,6 +290,7 @@ class Call {
     }
     if (!pending_) pending_ = std::make_unique<Graph>();
     enter_capture_stream();
+    pending_->workspaces = workspace_epoch().load(std::memory_order_acquire);  // before: a clear meanwhile makes it stale
     const Driver& d = driver();
     const CUresult began = d.cuStreamBeginCapture(program_.capture_stream, kCaptureModeRelaxed);
     if (began != 0) {

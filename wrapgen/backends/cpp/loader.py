@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from wrapgen.errors import InputMismatchError
-from wrapgen.kernels.streams import capture_stream, recording_lock
+from wrapgen.kernels.streams import capture_stream, on_workspaces_cleared, recording_lock
 
 WG_MODEL_ABI_VERSION = 1
 _MESSAGE_SIZE = 4096
@@ -68,8 +68,9 @@ def raise_error(kind: int, message: str) -> None:
 
 
 # The capture stream lent to C++ models with CUDA graphs (see cuda_graphs.h, HostStream): they
-# record on the stream Python's graphs record on, under the same lock, so cuBLAS makes one
-# workspace for both. The callbacks live as long as the process (libraries keep them).
+# all record on it, under the process's recording lock, so cuBLAS makes one workspace for them.
+# PyTorch owns that workspace: each library is told before a clear frees it (wg_workspaces_cleared)
+# and records again. The callbacks live as long as the process (libraries keep them).
 _ACQUIRE_STREAM = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int32)
 _RELEASE_STREAM = ctypes.CFUNCTYPE(None, ctypes.c_int32)
 
@@ -123,6 +124,10 @@ class CppModel:
             share.restype = None
             share.argtypes = [_ACQUIRE_STREAM, _RELEASE_STREAM]
             share(_acquire_stream, _release_stream)
+            cleared = self.library.wg_workspaces_cleared
+            cleared.restype = None
+            cleared.argtypes = []
+            on_workspaces_cleared(path, cleared)
         self._live = self.library.wg_live_handles
         self._live.restype = ctypes.c_int64
         self.inputs = self.metadata["inputs"]

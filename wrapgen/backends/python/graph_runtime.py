@@ -4,13 +4,15 @@ up, record, replay.
 A region is emitted as a function of its inputs and key symbols; `GraphRegion` calls it:
 - the first call with a new key (the key symbols' values and the layouts of copied inputs) runs
   it eagerly: the warm-up, which loads kernels and lets library calls set themselves up. It
-  runs on the stream that records (one per device and process), so per-stream library state
-  (cuBLAS's workspace) is made once, for that stream, not also for the caller's;
-- the second records it with `torch.cuda.graph` into the program's one memory pool
-  (`GraphPool`), then replays; later calls copy the copied inputs into the static buffers the
-  graph reads and replay it. Inputs used in place (constants, parameters, outputs of earlier
+  runs on the stream the program records on (`GraphPool.stream`, one per program);
+- the second records it with `torch.cuda.graph` on that stream into the program's one memory
+  pool (`GraphPool`), then replays; later calls copy the copied inputs into the static buffers
+  the graph reads and replay it. Inputs used in place (constants, parameters, outputs of earlier
   graphs) are checked by address: a changed address records the graph again, never replays
-  a stale one;
+  a stale one. A region with library calls is recorded between two clears of cuBLAS's
+  workspaces (see `wrapgen.kernels.streams`): the workspace its matmuls write is made inside
+  the pool while it records, so it is pool memory like any intermediate, which no clear
+  elsewhere in the process can hand to someone else;
 - at most `MAX_GRAPHS` graphs per region are kept (least recently used dropped); a region that
   records more than `MAX_RECORDS` times (addresses that never settle) runs eagerly from then on.
 
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from wrapgen.kernels.streams import capture_stream, on_capture_stream, recording_lock
+from wrapgen.kernels.streams import clear_library_workspaces, on_stream, recording_lock
 
 MAX_GRAPHS = 8
 MAX_RECORDS = 64
@@ -40,29 +42,13 @@ MAX_RECORDS = 64
 _same_pointers = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 
 
-def prepare_capture_stream(stream: torch.cuda.Stream) -> None:
-    """Make cuBLAS's workspace for `stream` now, before a recording starts.
-
-    cuBLAS keeps one workspace per stream (32 MiB on Hopper) and makes it on the stream's first
-    matmul. Made during a recording it would come out of that graph's private pool and pin it;
-    made here it is ordinary memory that later recordings on the stream reuse (`capture_stream`
-    is one per device and process). The warm-up on that stream usually made it already; then
-    this costs four tiny launches, once per recording."""
-    device = stream.device
-    dtypes = [torch.float32] + ([torch.bfloat16] if torch.cuda.is_bf16_supported() else [])
-    with torch.cuda.device(device), torch.cuda.stream(stream):
-        for dtype in dtypes:  # plain cuBLAS (mm) and cuBLASLt (addmm's bias epilogue)
-            a = torch.ones(16, 16, device=device, dtype=dtype)
-            torch.mm(a, a)
-            torch.addmm(a[0], a, a)
-    stream.synchronize()
-
-
 class GraphPool:
-    """The memory pool the graphs of one program share, and the order they were recorded in."""
+    """The memory pool the graphs of one program share, the stream they record on, and the order
+    they were recorded in."""
 
     def __init__(self) -> None:
         self._handle = None
+        self._streams: dict[int, torch.cuda.Stream] = {}
         self.generation = 0  # of the last graph recorded
         self.last = 0  # generation of the last graph replayed in the current call
 
@@ -70,6 +56,15 @@ class GraphPool:
         if self._handle is None:
             self._handle = torch.cuda.graph_pool_handle()
         return self._handle
+
+    def stream(self, device: torch.device) -> torch.cuda.Stream:
+        """The program's own recording stream on `device`: no other program records on it, so
+        destroying another program's graph (which frees the cuBLAS workspace of the stream it
+        was recorded on) never touches the workspace this program's graphs use."""
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in self._streams:
+            self._streams[index] = torch.cuda.Stream(device=index)
+        return self._streams[index]
 
 
 @dataclass
@@ -120,7 +115,7 @@ class GraphRegion:
         self.copied = [i for i in range(num_inputs) if i not in set(in_place)]
         self.pool = pool
         self.first = first
-        self.library_calls = library_calls  # false: no cuBLAS workspace to make before recording
+        self.library_calls = library_calls  # false: no cuBLAS workspace to clear around recording
         self.graphs: OrderedDict[tuple, _Graph] = OrderedDict()
         self.warm: set[tuple] = set()
         self.records = 0
@@ -159,12 +154,13 @@ class GraphRegion:
         return graph.outputs
 
     def _warm_up(self, inputs: tuple, key: tuple) -> tuple:
-        """Run the region eagerly on the capture stream, after the caller's queued work: library
-        calls set up per-stream state (cuBLAS's 32 MiB workspace) for the stream that records
-        and not also for the caller's, where a fully recorded program never needs it."""
+        """Run the region eagerly on the program's recording stream, after the caller's queued
+        work: library calls set up per-stream state (cuBLAS's 32 MiB workspace) for that stream,
+        which recording frees again, and not for the caller's, where a fully recorded program
+        would keep it for nothing."""
         if self.device.type != "cuda":
             return self.fn(*inputs, *key)
-        with on_capture_stream(self.device):
+        with on_stream(self.pool.stream(self.device)):
             outputs = self.fn(*inputs, *key)
         caller = torch.cuda.current_stream(self.device)
         for t in outputs:
@@ -218,16 +214,20 @@ class GraphRegion:
     def _capture(self, statics: list, key: tuple) -> tuple[object, tuple]:
         """Record the region on `statics`: (the graph, with `replay()`, and its output tensors)."""
         graph = torch.cuda.CUDAGraph()
-        recording = torch.cuda.graph(graph, pool=self.pool.handle(), stream=capture_stream(self.device),
+        recording = torch.cuda.graph(graph, pool=self.pool.handle(), stream=self.pool.stream(self.device),
                                      capture_error_mode="thread_local")
-        if self.library_calls:
-            prepare_capture_stream(recording.capture_stream)
-        with recording:
-            outputs = self.fn(*statics, *key)
+        if self.library_calls:  # the workspace the graph records is then made in its pool
+            clear_library_workspaces()
+        try:
+            with recording:
+                outputs = self.fn(*statics, *key)
+        finally:
+            if self.library_calls:  # not left in use outside the graph
+                clear_library_workspaces()
         return graph, tuple(outputs)
 
     def __repr__(self) -> str:
         return f"GraphRegion({self.name!r}, graphs={len(self.graphs)}, records={self.records}, replays={self.replays})"
 
 
-__all__ = ["MAX_GRAPHS", "MAX_RECORDS", "GraphPool", "GraphRegion", "capture_stream", "prepare_capture_stream"]
+__all__ = ["MAX_GRAPHS", "MAX_RECORDS", "GraphPool", "GraphRegion"]

@@ -25,7 +25,7 @@ import torch
 from wrapgen import config
 from wrapgen.cache import cache_root
 from wrapgen.kernels.cpp.codegen import GeneratedKernel
-from wrapgen.kernels.streams import on_capture_stream
+from wrapgen.kernels.streams import clear_library_workspaces
 from wrapgen.kernels.templates.problem import GemmProblem
 from wrapgen.kernels.timing import seconds_per_call
 
@@ -143,13 +143,14 @@ def _library_call(problem: GemmProblem, tensors: dict[str, torch.Tensor]) -> Cal
 
 def _measure(problem: GemmProblem, language: str, candidates: list[Candidate]) -> dict[str, float | None]:
     """Each candidate's milliseconds per call. A program compiled with CUDA graphs runs its
-    products on the process's capture stream: they are measured there too, so the library
-    call's per-stream workspace (32 MiB on Hopper) is the one the program will use, not a
-    second one on the caller's stream."""
-    if config.cuda_graphs and torch.device(problem.device).type == "cuda":
-        with on_capture_stream(problem.device):
-            return _measure_here(problem, language, candidates)
-    return _measure_here(problem, language, candidates)
+    products inside graphs, with a cuBLAS workspace of their own: the one the library call
+    made on the caller's stream while measured (32 MiB on Hopper) is freed again, not kept
+    for nothing."""
+    try:
+        return _measure_here(problem, language, candidates)
+    finally:
+        if config.cuda_graphs and torch.device(problem.device).type == "cuda":
+            clear_library_workspaces()
 
 
 def _measure_here(problem: GemmProblem, language: str, candidates: list[Candidate]) -> dict[str, float | None]:
