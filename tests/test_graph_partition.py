@@ -295,7 +295,7 @@ def test_targets_run_a_partitioned_program(target, fn):
         assert "library_calls=False)" in artifact.source  # generated kernels only: no cuBLAS workspace made
     if target == "cpp":
         assert "wrapgen::graphs::Call wg_g0(" in artifact.source
-        assert "wg_share_capture_stream" in artifact.source  # the host lends its capture stream
+        assert "wg_workspaces_cleared" in artifact.source  # told of cuBLAS workspace clears
     if target == "fx":
         tagged = [node for node in artifact.call.graph.nodes if node.meta.get("wrapgen_cuda_graph") == "g0"] if hasattr(artifact.call, "graph") else None
         assert tagged is None or tagged
@@ -380,7 +380,7 @@ def test_cuda_graphs_header_compiles_with_and_without_cuda(tmp_path):
         '#include "wrapgen/cuda_graphs.h"\n'
         "int main() {\n"
         "  wrapgen::graphs::Program p; wrapgen::graphs::Region r;\n"
-        "  wrapgen::graphs::host_stream().acquire = nullptr;\n"
+        "  wrapgen::graphs::workspace_epoch().fetch_add(1);\n"
     "  { wrapgen::graphs::RunGuard g(p, 0); wrapgen::graphs::Call c(p, r, 0, true, true); c.key({1, 2});\n"
         "    wrapgen::Tensor t; wrapgen::Value v; if (c.replay()) t = c.output(0);\n"
         "    c.begin_body(); c.release(t); c.release(v); c.end_body({&t}, {}); }\n"

@@ -1,20 +1,20 @@
-"""Streams that CUDA-graph work runs on, and cuBLAS's workspaces, which graphs depend on.
+"""CUDA-graph recording streams, and cuBLAS's workspaces, which recorded graphs depend on.
 
 cuBLAS keeps a workspace per stream (32 MiB on Hopper), made on the stream's first matmul and
 owned by PyTorch; a recorded matmul writes into the workspace its stream had when it was
 recorded. PyTorch frees workspaces behind a graph's back: `torch._C._cuda_clearCublasWorkspaces()`
 frees all of them (torch.compile's reduce-overhead calls it whenever it records), and from
-torch 2.13 destroying a `CUDAGraph` frees the one of the stream it was recorded on. So:
-- a python program records on a stream of its own (`GraphPool.stream`), with the workspaces
-  cleared around each recording, so the workspace it records is made inside its own graph
-  memory pool and lives as long as the pool (no one else's clear can free it for reuse);
-- C++ models loaded in this process record on `capture_stream` (one per device and process,
-  on which nothing records through `torch.cuda.graph`, so no graph's destruction clears it):
-  their recordings share its workspace, and `on_workspaces_cleared` tells them when a clear
-  freed it, so they record again instead of replaying into freed memory.
-Whoever puts work on a capture stream outside a replay holds `recording_lock` meanwhile: a
-recording captures everything queued on its stream, so a recording and other work from two
-threads must not interleave there.
+torch 2.13 destroying a `CUDAGraph` frees the one of the stream it was recorded on (streams come
+from a pool of 32 per device, so another program's stream may be the same). So:
+- a python program records a region with library calls between two clears of the workspaces
+  (`clear_library_workspaces`), so the workspace it records is made inside its own graph
+  memory pool while it records: pool memory like any intermediate, which no clear elsewhere
+  can hand to someone else;
+- a C++ model records on a stream of its own that it makes with the driver (no
+  `torch.cuda.graph` ever records there), and is told of every clear made through Python
+  (`on_workspaces_cleared`), so it records again instead of replaying into freed memory.
+Warm-ups and recordings hold `recording_lock`: a recording captures everything queued on its
+stream, so a recording and other work from two threads must not interleave there.
 """
 
 from __future__ import annotations
@@ -26,18 +26,7 @@ from contextlib import contextmanager
 import torch
 
 recording_lock = threading.RLock()
-_capture_streams: dict[int, torch.cuda.Stream] = {}
 _cleared_listeners: dict[str, Callable[[], None]] = {}
-
-
-def capture_stream(device: torch.device | str | int) -> torch.cuda.Stream:
-    """The stream C++ models loaded in this process warm up and record their graphs on, per device."""
-    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    with recording_lock:
-        if index not in _capture_streams:
-            _capture_streams[index] = torch.cuda.Stream(device=index)
-        return _capture_streams[index]
 
 
 @contextmanager
@@ -55,14 +44,15 @@ def on_stream(stream: torch.cuda.Stream) -> Iterator[torch.cuda.Stream]:
 
 
 def clear_library_workspaces() -> None:
-    """Free cuBLAS's workspaces (every stream's), telling `on_workspaces_cleared` listeners first."""
+    """Free cuBLAS's workspaces (every stream's), telling `on_workspaces_cleared` listeners."""
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear is not None:
         clear()
 
 
 def on_workspaces_cleared(name: str, listener: Callable[[], None]) -> None:
-    """Call `listener` (once per `name`) before any clear of cuBLAS's workspaces in this process.
+    """Call `listener` (registered once per `name`) before and after each clear of cuBLAS's
+    workspaces in this process.
 
     Clears come through `torch._C._cuda_clearCublasWorkspaces`, which this wraps once."""
     with recording_lock:
@@ -75,10 +65,12 @@ def on_workspaces_cleared(name: str, listener: Callable[[], None]) -> None:
                 for tell in tuple(_cleared_listeners.values()):
                     tell()
                 original()
+                for tell in tuple(_cleared_listeners.values()):  # and a recording that began meanwhile
+                    tell()
 
             clear_cublas_workspaces.wrapgen_tells_listeners = True  # type: ignore[attr-defined]
             torch._C._cuda_clearCublasWorkspaces = clear_cublas_workspaces
         _cleared_listeners[name] = listener
 
 
-__all__ = ["capture_stream", "clear_library_workspaces", "on_stream", "on_workspaces_cleared", "recording_lock"]
+__all__ = ["clear_library_workspaces", "on_stream", "on_workspaces_cleared", "recording_lock"]

@@ -19,10 +19,9 @@
 // Memory: the stable C shim has no access to PyTorch's graph memory pools, so every tensor the
 // wrapper allocates while recording is held by the graph until it is dropped (at most
 // kMaxGraphs per region), and freed tensors are held too (`release`). All recording happens on
-// the capture stream: the program's own, or the one the host process lends (`HostStream`:
-// wrapgen's Python side lends one per device, shared by the C++ models it loads, so cuBLAS
-// keeps one workspace for them, and holds its recording lock while a warm-up or recording runs
-// there). That workspace belongs to PyTorch, which may free it (`workspace_epoch`).
+// the program's own capture stream (made with the driver, never one of PyTorch's pooled
+// streams, on which a destroyed torch.cuda.graph frees the stream's cuBLAS workspace from torch
+// 2.13). That workspace belongs to PyTorch, which may still free it (`workspace_epoch`).
 //
 // Threads: runs of a model with graphs are serialized by the program's mutex (`RunGuard`, held
 // for the whole run, since graph memory is shared by all runs), and each run's stream waits for
@@ -108,20 +107,6 @@ struct Region {
   bool eager = false;
 };
 
-// A capture stream the host process lends this library (`wg_share_capture_stream`): Python's
-// wrapgen lends one per device to every C++ model it loads, so cuBLAS makes one workspace for
-// them, not one per library. `acquire` returns the stream for a device (nullptr:
-// none lent) and holds the host's recording lock until `release`; warm-ups and recordings run
-// between the two, replays never take them.
-struct HostStream {
-  void* (*acquire)(int32_t device) = nullptr;
-  void (*release)(int32_t device) = nullptr;
-};
-inline HostStream& host_stream() {
-  static HostStream lent;
-  return lent;
-}
-
 // Counts the clears of PyTorch's cuBLAS workspaces this library was told of
 // (`wg_workspaces_cleared`, called by wrapgen's Python side before each clear). A recorded
 // matmul writes into the workspace its stream had when recorded; a clear frees it, so a graph
@@ -134,8 +119,7 @@ inline std::atomic<uint64_t>& workspace_epoch() {
 // Per model library: the lock runs take, the capture stream, and the recording order.
 struct Program {
   std::mutex mutex;
-  CUstream capture_stream = nullptr;  // the current warm-up's or recording's stream
-  CUstream own_stream = nullptr;      // made when the host lends none
+  CUstream capture_stream = nullptr;  // made on the first warm-up; warm-ups and recordings run on it
   CUevent done = nullptr;
   uint64_t generation = 0;  // of the last graph recorded
   uint64_t last = 0;        // of the last graph replayed in the current run
@@ -295,7 +279,6 @@ class Call {
     const CUresult began = d.cuStreamBeginCapture(program_.capture_stream, kCaptureModeRelaxed);
     if (began != 0) {
       drop_stream_guard();
-      give_back_stream();
       d.check(began, "cuStreamBeginCapture");
     }
     capturing_ = true;
@@ -329,7 +312,6 @@ class Call {
     CUgraph graph = nullptr;
     const CUresult ended = d.cuStreamEndCapture(program_.capture_stream, &graph);
     drop_stream_guard();
-    give_back_stream();
     pending_->graph = graph;
     const CUresult instantiated = ended != 0 ? ended : d.cuGraphInstantiateWithFlags(&pending_->exec, graph, 0);
     if (instantiated != 0) {  // this region runs eagerly from now on; this run fails with the reason
@@ -406,15 +388,7 @@ class Call {
 #ifdef USE_CUDA
     const Driver& d = driver();
     if (program_.done == nullptr) d.check(d.cuEventCreate(&program_.done, kEventDisableTiming), "cuEventCreate");
-    const HostStream& host = host_stream();
-    void* lent = host.acquire != nullptr ? host.acquire(device_) : nullptr;
-    if (lent != nullptr) {
-      borrowed_ = true;
-      program_.capture_stream = static_cast<CUstream>(lent);
-    } else {
-      if (program_.own_stream == nullptr) d.check(d.cuStreamCreate(&program_.own_stream, kStreamNonBlocking), "cuStreamCreate");
-      program_.capture_stream = program_.own_stream;
-    }
+    if (program_.capture_stream == nullptr) d.check(d.cuStreamCreate(&program_.capture_stream, kStreamNonBlocking), "cuStreamCreate");
     try {
       caller_ = static_cast<CUstream>(current_cuda_stream(device_));
       d.check(d.cuEventRecord(program_.done, caller_), "cuEventRecord");
@@ -422,7 +396,6 @@ class Call {
       check(aoti_torch_create_cuda_stream_guard(program_.capture_stream, device_, &stream_guard_), "aoti_torch_create_cuda_stream_guard");
     } catch (...) {
       drop_stream_guard();
-      give_back_stream();
       throw;
     }
 #endif
@@ -435,17 +408,8 @@ class Call {
     const Driver& d = driver();
     const CUresult recorded = d.cuEventRecord(program_.done, program_.capture_stream);
     const CUresult waited = recorded != 0 ? recorded : d.cuStreamWaitEvent(caller_, program_.done, 0);
-    give_back_stream();
     d.check(waited, recorded != 0 ? "cuEventRecord" : "cuStreamWaitEvent");
 #endif
-  }
-
-  // The lent stream back to the host (its recording lock released), after a warm-up or recording.
-  void give_back_stream() noexcept {
-    if (borrowed_) {
-      borrowed_ = false;
-      if (host_stream().release != nullptr) host_stream().release(device_);
-    }
   }
 
   void drop_stream_guard() {
@@ -478,7 +442,6 @@ class Call {
     } catch (...) {
     }
     drop_stream_guard();
-    give_back_stream();
 #endif
     pending_.reset();
     region_.eager = true;
@@ -501,7 +464,6 @@ class Call {
   CUstream caller_ = nullptr;
   CUDAStreamGuardHandle stream_guard_ = nullptr;
 #endif
-  bool borrowed_ = false;  // holds the host's lent stream (and its recording lock)
 };
 
 }  // namespace graphs

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from wrapgen.errors import InputMismatchError
-from wrapgen.kernels.streams import capture_stream, on_workspaces_cleared, recording_lock
+from wrapgen.kernels.streams import on_workspaces_cleared
 
 WG_MODEL_ABI_VERSION = 1
 _MESSAGE_SIZE = 4096
@@ -67,32 +67,6 @@ def raise_error(kind: int, message: str) -> None:
     raise RuntimeError(f"C++ model failed: {message}")
 
 
-# The capture stream lent to C++ models with CUDA graphs (see cuda_graphs.h, HostStream): they
-# all record on it, under the process's recording lock, so cuBLAS makes one workspace for them.
-# PyTorch owns that workspace: each library is told before a clear frees it (wg_workspaces_cleared)
-# and records again. The callbacks live as long as the process (libraries keep them).
-_ACQUIRE_STREAM = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int32)
-_RELEASE_STREAM = ctypes.CFUNCTYPE(None, ctypes.c_int32)
-
-
-def _acquire(device: int) -> int | None:
-    """The capture stream of `device`, with the recording lock held (None, and no lock: none)."""
-    recording_lock.acquire()
-    try:
-        return capture_stream(device).cuda_stream
-    except Exception:  # noqa: BLE001 - the library then records on a stream of its own
-        recording_lock.release()
-        return None
-
-
-def _release(device: int) -> None:
-    recording_lock.release()
-
-
-_acquire_stream = _ACQUIRE_STREAM(_acquire)
-_release_stream = _RELEASE_STREAM(_release)
-
-
 class CppModel:
     """A loaded model library: `model(args)` runs it on a list of inputs (the boxed convention)."""
 
@@ -119,12 +93,10 @@ class CppModel:
             ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(WgValue), ctypes.c_int64,
             ctypes.POINTER(WgValue), ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64,
         ]
-        share = getattr(self.library, "wg_share_capture_stream", None)  # models with CUDA graphs
-        if share is not None and torch.cuda.is_available():
-            share.restype = None
-            share.argtypes = [_ACQUIRE_STREAM, _RELEASE_STREAM]
-            share(_acquire_stream, _release_stream)
-            cleared = self.library.wg_workspaces_cleared
+        # Models with CUDA graphs: their recorded matmuls use a cuBLAS workspace PyTorch owns
+        # and may free (cuda_graphs.h, workspace_epoch); told of each clear, they record again.
+        cleared = getattr(self.library, "wg_workspaces_cleared", None)
+        if cleared is not None and torch.cuda.is_available():
             cleared.restype = None
             cleared.argtypes = []
             on_workspaces_cleared(path, cleared)
