@@ -108,7 +108,7 @@ struct Region {
 };
 
 // Counts the clears of PyTorch's cuBLAS workspaces this library was told of
-// (`wg_workspaces_cleared`, called by wrapgen's Python side before each clear). A recorded
+// (`wg_workspaces_cleared`, called by wrapgen's Python side around each clear). A recorded
 // matmul writes into the workspace its stream had when recorded; a clear frees it, so a graph
 // recorded before the last clear is recorded again, never replayed into freed memory.
 inline std::atomic<uint64_t>& workspace_epoch() {
