@@ -72,6 +72,16 @@ def assert_untouched(victims: list[torch.Tensor]) -> None:
         assert bool((victim == FILL).all()), f"tensor {i} was overwritten by a replay"
 
 
+def assert_replays_overwrite_nothing(fn, model, x: torch.Tensor, streams: list[torch.cuda.Stream]) -> None:
+    """Fill the freed memory, replay on fresh inputs against eager, and check the fill is intact."""
+    gc.collect()
+    victims = fill_freed_memory(streams)
+    for _ in range(3):
+        x = torch.randn_like(x)
+        torch.testing.assert_close(fn(x), model(x), rtol=2e-2, atol=2e-2)
+    assert_untouched(victims)
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_workspace_clear_between_replays_overwrites_nothing(target):
     """torch.compile's reduce-overhead clears every cuBLAS workspace when it records; graphs
@@ -84,11 +94,7 @@ def test_a_workspace_clear_between_replays_overwrites_nothing(target):
             fn(x)
         streams = recording_streams(fn)
         torch._C._cuda_clearCublasWorkspaces()
-        victims = fill_freed_memory(streams)
-        for _ in range(3):
-            x = torch.randn_like(x)
-            torch.testing.assert_close(fn(x), model(x), rtol=2e-2, atol=2e-2)
-    assert_untouched(victims)
+        assert_replays_overwrite_nothing(fn, model, x, streams)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -106,12 +112,7 @@ def test_dropping_another_programs_graphs_overwrites_nothing(target):
             dropped(x)
         streams = recording_streams(fn, dropped)
         del dropped
-        gc.collect()
-        victims = fill_freed_memory(streams)
-        for _ in range(3):
-            x = torch.randn_like(x)
-            torch.testing.assert_close(fn(x), model(x), rtol=2e-2, atol=2e-2)
-    assert_untouched(victims)
+        assert_replays_overwrite_nothing(fn, model, x, streams)
 
 
 class TwoRegions(torch.nn.Module):
@@ -142,12 +143,7 @@ def test_a_region_recorded_again_leaves_the_others_workspace_alone(target):
         streams = recording_streams(fn)
         model.second.weight.data = model.second.weight.data.clone()  # a new address: recorded again
         torch.testing.assert_close(fn(x), model(x), rtol=2e-2, atol=2e-2)
-        gc.collect()
-        victims = fill_freed_memory(streams)
-        for _ in range(3):
-            x = torch.randn_like(x)
-            torch.testing.assert_close(fn(x), model(x), rtol=2e-2, atol=2e-2)
-    assert_untouched(victims)
+        assert_replays_overwrite_nothing(fn, model, x, streams)
 
 
 def _workspace_bytes() -> int:

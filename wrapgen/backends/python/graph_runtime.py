@@ -58,9 +58,9 @@ class GraphPool:
         return self._handle
 
     def stream(self, device: torch.device) -> torch.cuda.Stream:
-        """The program's own recording stream on `device`: no other program records on it, so
-        destroying another program's graph (which frees the cuBLAS workspace of the stream it
-        was recorded on) never touches the workspace this program's graphs use."""
+        """The stream the program warms up and records on, `device`'s. Taken from torch's pool of
+        streams, so another program may record on it too: harmless, since the cuBLAS workspace
+        this program's graphs use lives in its own memory pool, not in the stream's."""
         index = device.index if device.index is not None else torch.cuda.current_device()
         if index not in self._streams:
             self._streams[index] = torch.cuda.Stream(device=index)
