@@ -75,6 +75,28 @@ def test_input_mutated_in_place_at_the_same_address(target):
             torch.testing.assert_close(fn(x), model(x), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_calls_on_two_streams_are_ordered(target):
+    """A call on a second stream while the first stream's replay (a few ms of matmuls) still runs:
+    its input copy must wait, or it overwrites the static buffer the running replay reads."""
+    layers = [m for _ in range(12) for m in (torch.nn.Linear(2048, 2048), torch.nn.Tanh())]
+    model = torch.nn.Sequential(*layers).cuda().eval()
+    fn = compile_with_graphs(model, (torch.randn(2048, 2048, device="cuda"),), target)
+    side = torch.cuda.Stream()
+    with torch.no_grad():
+        for _ in range(3):  # warm-up, record, replay: on the default stream
+            fn(torch.randn(2048, 2048, device="cuda"))
+        xs = [torch.randn(2048, 2048, device="cuda") for _ in range(3)]
+        torch.cuda.synchronize()
+        first = fn(xs[0])
+        with torch.cuda.stream(side):
+            second = fn(xs[1])
+        third = fn(xs[2])  # back on the default stream, after the side stream's call
+        torch.cuda.synchronize()
+        for x, out in zip(xs, (first, second, third)):
+            torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+
+
 def _split(x, w):
     y = torch.relu(x @ w)
     n = (y > 0.5).sum().item()  # a host sync: ends the first graph

@@ -24,8 +24,9 @@
 // 2.13). That workspace belongs to PyTorch, which may still free it (`workspace_epoch`).
 //
 // Threads: runs of a model with graphs are serialized by the program's mutex (`RunGuard`, held
-// for the whole run, since graph memory is shared by all runs), and each run's stream waits for
-// the previous run's work (an event), so static buffers are never written while a replay reads.
+// for the whole run, since graph memory is shared by all runs), and a run on another stream than
+// the previous run's waits for that run's work (an event recorded as each run ends), so static
+// buffers are never written while a replay reads.
 //
 // The driver comes from cuda_driver.h (dlopen of libcuda): this header compiles without the CUDA
 // toolkit; without USE_CUDA (a CPU model) a region always runs eagerly.
@@ -121,6 +122,8 @@ struct Program {
   std::mutex mutex;
   CUstream capture_stream = nullptr;  // made on the first warm-up; warm-ups and recordings run on it
   CUevent done = nullptr;
+  CUstream done_on = nullptr;    // the stream the last run ended on (`done` recorded there) ...
+  bool done_on_known = false;    // ... when known (the default stream's handle is null too)
   uint64_t generation = 0;  // of the last graph recorded
   uint64_t last = 0;        // of the last graph replayed in the current run
 };
@@ -130,18 +133,25 @@ class RunGuard {
  public:
   RunGuard(Program& program, int32_t device) : program_(program), lock_(program.mutex), device_(device) {
 #ifdef USE_CUDA
-    if (program_.done != nullptr) {
+    // A run on the stream the last one ended on is already ordered after it: no wait queued.
+    const auto stream = static_cast<CUstream>(current_cuda_stream(device_));
+    if (program_.done != nullptr && !(program_.done_on_known && program_.done_on == stream)) {
       const Driver& d = driver();
-      d.check(d.cuStreamWaitEvent(static_cast<CUstream>(current_cuda_stream(device_)), program_.done, 0), "cuStreamWaitEvent");
+      d.check(d.cuStreamWaitEvent(stream, program_.done, 0), "cuStreamWaitEvent");
     }
 #endif
   }
   ~RunGuard() {
 #ifdef USE_CUDA
     try {
+      program_.done_on_known = false;
       if (program_.done != nullptr) {
         const Driver& d = driver();
-        d.cuEventRecord(program_.done, static_cast<CUstream>(current_cuda_stream(device_)));
+        const auto stream = static_cast<CUstream>(current_cuda_stream(device_));
+        if (d.cuEventRecord(program_.done, stream) == 0) {
+          program_.done_on = stream;
+          program_.done_on_known = true;
+        }
       }
     } catch (...) {
     }

@@ -22,6 +22,7 @@ after every graph that ran before it in that call was recorded before it (its `g
 otherwise it is recorded again. The steady state (the same sequence of keys every call) records
 each graph once. Outputs of a program that live in graph memory are copied out before `return`
 (the partition pass adds those lines), so a returned tensor is never overwritten by a later call.
+A call on another stream than the last call's first waits for that stream's queued work.
 """
 
 from __future__ import annotations
@@ -51,6 +52,20 @@ class GraphPool:
         self._streams: dict[int, torch.cuda.Stream] = {}
         self.generation = 0  # of the last graph recorded
         self.last = 0  # generation of the last graph replayed in the current call
+        self._last_run: tuple[int, torch.cuda.Stream] | None = None  # (raw handle, stream) of the last call
+
+    def follow_last_call(self, device: torch.device) -> None:
+        """Order this call after the last one when it runs on another stream: both use the same
+        static buffers and pool memory, so a replay on a second stream must not start while the
+        first stream's replay still reads them. The same stream (the usual case) costs one query."""
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        raw = torch._C._cuda_getCurrentRawStream(index)
+        if self._last_run is not None and self._last_run[0] == raw:
+            return
+        current = torch.cuda.current_stream(index)
+        if self._last_run is not None:
+            current.wait_stream(self._last_run[1])
+        self._last_run = (raw, current)
 
     def handle(self):
         if self._handle is None:
@@ -125,6 +140,8 @@ class GraphRegion:
     def __call__(self, inputs: tuple, key: tuple) -> tuple:
         if self.first:
             self.pool.last = 0
+            if self.capture:
+                self.pool.follow_last_call(self.device)
         if self.eager:
             return self.fn(*inputs, *key)
         full = (key, tuple(inputs[i].stride() for i in self.copied))
