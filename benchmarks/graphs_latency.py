@@ -5,7 +5,8 @@ reduce-overhead (CUDA graphs) against wrapgen's python and cpp targets with `cud
 
 The decoders run at batch 1 × 32 tokens in bf16 (`models.py`, size b1x32), where the host's
 launch cost would be the whole run time without graphs. Each round times `calls` calls of every
-contender in turn (synchronized around the round); the median over rounds is printed, with the
+contender in turn, each round starting with the next contender (synchronized around each
+contender's calls); the median over rounds is printed, with the
 fastest and slowest round, as µs per call.
 """
 
@@ -46,8 +47,10 @@ def main(argv: list[str] | None = None) -> None:
         with torch.no_grad():
             fns = contenders(model, inputs)
             times: dict[str, list[float]] = {k: [] for k in fns}
-            for _ in range(args.rounds):
-                for key, fn in fns.items():
+            order = list(fns.items())
+            for round_index in range(args.rounds):
+                shift = round_index % len(order)  # each round starts with the next contender
+                for key, fn in order[shift:] + order[:shift]:
                     torch.cuda.synchronize()
                     start = time.perf_counter()
                     for _ in range(args.calls):

@@ -183,7 +183,10 @@ def run_benchmarks(
                 continue
             cells: dict[str, list[Result]] = {c.name: [] for c in active}
             for round_index in range(rounds):
-                for contender in active:
+                # Each round starts with the next contender: none always runs first or last (GPU
+                # clocks and the allocator's state drift over a run).
+                shift = round_index % len(active) if active else 0
+                for contender in active[shift:] + active[:shift]:
                     tried = cells[contender.name]
                     if tried and tried[-1].status != "ok":  # failed once: reported, not retried
                         bar.update()

@@ -27,6 +27,20 @@ import torch
 
 recording_lock = threading.RLock()
 _cleared_listeners: dict[str, Callable[[], None]] = {}
+_capture_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one stream per device on which every python program warms up and records its graphs.
+
+    One, not one per program: on the H100 (driver 580), once graphs have been recorded on a third
+    distinct stream in a process, every graph replay in that process is slower for good, about
+    0.18 µs per graph node (10% on a decoder at batch 1; `benchmarks/results/*graph-streams*`)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with recording_lock:
+        if index not in _capture_streams:
+            _capture_streams[index] = torch.cuda.Stream(device=index)
+        return _capture_streams[index]
 
 
 @contextmanager
@@ -73,4 +87,4 @@ def on_workspaces_cleared(name: str, listener: Callable[[], None]) -> None:
         _cleared_listeners[name] = listener
 
 
-__all__ = ["clear_library_workspaces", "on_stream", "on_workspaces_cleared", "recording_lock"]
+__all__ = ["capture_stream", "clear_library_workspaces", "on_stream", "on_workspaces_cleared", "recording_lock"]

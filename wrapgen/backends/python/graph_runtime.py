@@ -4,7 +4,7 @@ up, record, replay.
 A region is emitted as a function of its inputs and key symbols; `GraphRegion` calls it:
 - the first call with a new key (the key symbols' values and the layouts of copied inputs) runs
   it eagerly: the warm-up, which loads kernels and lets library calls set themselves up. It
-  runs on the stream the program records on (`GraphPool.stream`, one per program);
+  runs on the stream every python program records on (`streams.capture_stream`, one per device);
 - the second records it with `torch.cuda.graph` on that stream into the program's one memory
   pool (`GraphPool`), then replays; later calls copy the copied inputs into the static buffers
   the graph reads and replay it. Inputs used in place (constants, parameters, outputs of earlier
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from wrapgen.kernels.streams import clear_library_workspaces, on_stream, recording_lock
+from wrapgen.kernels.streams import capture_stream, clear_library_workspaces, on_stream, recording_lock
 
 MAX_GRAPHS = 8
 MAX_RECORDS = 64
@@ -44,12 +44,10 @@ _same_pointers = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 
 
 class GraphPool:
-    """The memory pool the graphs of one program share, the stream they record on, and the order
-    they were recorded in."""
+    """The memory pool the graphs of one program share, and the order they were recorded in."""
 
     def __init__(self) -> None:
         self._handle = None
-        self._streams: dict[int, torch.cuda.Stream] = {}
         self.generation = 0  # of the last graph recorded
         self.last = 0  # generation of the last graph replayed in the current call
         self._last_run: tuple[int, torch.cuda.Stream] | None = None  # (raw handle, stream) of the last call
@@ -71,15 +69,6 @@ class GraphPool:
         if self._handle is None:
             self._handle = torch.cuda.graph_pool_handle()
         return self._handle
-
-    def stream(self, device: torch.device) -> torch.cuda.Stream:
-        """The stream the program warms up and records on, `device`'s. Taken from torch's pool of
-        streams, so another program may record on it too: harmless, since the cuBLAS workspace
-        this program's graphs use lives in its own memory pool, not in the stream's."""
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        if index not in self._streams:
-            self._streams[index] = torch.cuda.Stream(device=index)
-        return self._streams[index]
 
 
 @dataclass
@@ -177,7 +166,7 @@ class GraphRegion:
         would keep it for nothing."""
         if self.device.type != "cuda":
             return self.fn(*inputs, *key)
-        with on_stream(self.pool.stream(self.device)):
+        with on_stream(capture_stream(self.device)):
             outputs = self.fn(*inputs, *key)
         caller = torch.cuda.current_stream(self.device)
         for t in outputs:
@@ -231,7 +220,7 @@ class GraphRegion:
     def _capture(self, statics: list, key: tuple) -> tuple[object, tuple]:
         """Record the region on `statics`: (the graph, with `replay()`, and its output tensors)."""
         graph = torch.cuda.CUDAGraph()
-        recording = torch.cuda.graph(graph, pool=self.pool.handle(), stream=self.pool.stream(self.device),
+        recording = torch.cuda.graph(graph, pool=self.pool.handle(), stream=capture_stream(self.device),
                                      capture_error_mode="thread_local")
         if self.library_calls:  # the workspace the graph records is then made in its pool
             clear_library_workspaces()
