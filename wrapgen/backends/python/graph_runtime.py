@@ -129,7 +129,7 @@ class GraphRegion:
     def __call__(self, inputs: tuple, key: tuple) -> tuple:
         if self.first:
             self.pool.last = 0
-            if self.capture:
+            if self.device.type == "cuda":
                 self.pool.follow_last_call(self.device)
         if self.eager:
             return self.fn(*inputs, *key)

@@ -4,7 +4,7 @@ against the library call by measurement."""
 
 from __future__ import annotations
 
-from wrapgen.kernels.templates.autotune import Selection, select_gemm
+from wrapgen.kernels.templates.autotune import Selection, precompile, select_gemm
 from wrapgen.kernels.templates.problem import Epilogue, GemmProblem, Operand
 
-__all__ = ["Epilogue", "GemmProblem", "Operand", "Selection", "select_gemm"]
+__all__ = ["Epilogue", "GemmProblem", "Operand", "Selection", "precompile", "select_gemm"]

@@ -96,6 +96,38 @@ def _candidates(problem: GemmProblem, language: str, name: str, backends: str) -
     return out
 
 
+def precompile(requests: list[tuple[GemmProblem, str]], language: str, backends: str | None = None) -> int:
+    """Compile the Triton candidates of a program's products (`(problem, name)` as `select_gemm`
+    will get them) in one batch across the compile workers, before they are measured one by
+    one: products compiled in turn each wait for a few compiles while most workers idle.
+    Products whose winner is cached on disk, and repeats of one product, compile nothing.
+    How many kernels it compiled."""
+    from wrapgen.kernels.triton import compat
+
+    if language != "triton" or compat.interpreting():
+        return 0  # C++ candidates of one product build in parallel already; the interpreter compiles nothing
+    backends = backends or config.max_autotune_gemm_backends
+    pending: list[tuple[Candidate, GemmProblem]] = []
+    seen: set[str] = set()
+    for problem, name in requests:
+        candidates = _candidates(problem, language, name, backends)
+        everyone = ([Candidate(ATEN, None)] if "aten" in backends.split(",") else []) + candidates
+        if len(everyone) < 2:
+            continue
+        key = _cache_key(problem, language, everyone, backends)
+        cached = _read_cache(key)
+        if key in seen or (cached is not None and cached["choice"] in {c.tag for c in everyone}):
+            continue
+        seen.add(key)
+        pending += [(c, problem) for c in candidates]
+    if len(pending) > 1:
+        from wrapgen.kernels.templates.runners import precompile_triton
+
+        print(f"wrapgen: compiling {len(pending)} GEMM template candidates of {len(seen)} products", file=sys.stderr)
+        precompile_triton(pending)
+    return len(pending)
+
+
 # -- measuring ---------------------------------------------------------------------------------
 def _stand_ins(problem: GemmProblem) -> dict[str, torch.Tensor]:
     """Random tensors with exactly the layouts the instance reads and writes (views of a filled

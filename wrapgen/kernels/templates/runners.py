@@ -40,15 +40,13 @@ def cpp_runners(candidates: list, tensors: dict[str, torch.Tensor]) -> dict[str,
 def triton_runners(candidates: list, tensors: dict[str, torch.Tensor],
                    problem: GemmProblem) -> dict[str, Callable[[], None] | None]:
     from wrapgen.kernels.triton import compat
-    from wrapgen.kernels.triton.runtime import KernelSpec, TritonKernels, worker_request
-    from wrapgen.kernels.triton.worker_pool import compile_pool
+    from wrapgen.kernels.triton.runtime import TritonKernels
 
-    metadata = {c.tag: (("device", problem.device), *c.kernel.metadata) for c in candidates}
+    metadata = {c.tag: _metadata(c, problem) for c in candidates}
     if not compat.interpreting() and len(candidates) > 1:
         # compile every candidate at once in the worker processes: the compiles below then hit
         # Triton's cache (a candidate a worker failed on fails again below and is left out)
-        specs = [KernelSpec(c.kernel.name, c.kernel.source, metadata[c.tag]) for c in candidates]
-        compile_pool().run([(s.name, worker_request(s, True, True)) for s in specs])
+        precompile_triton([(c, problem) for c in candidates])
 
     def build(c) -> Callable[[], None] | None:
         try:
@@ -62,3 +60,17 @@ def triton_runners(candidates: list, tensors: dict[str, torch.Tensor],
         return lambda: launch(grid[0], grid[1], grid[2], stream, *args)
 
     return {c.tag: build(c) for c in candidates}
+
+
+def _metadata(candidate, problem: GemmProblem) -> tuple:
+    return (("device", problem.device), *candidate.kernel.metadata)
+
+
+def precompile_triton(candidates: list[tuple]) -> None:
+    """Build `(candidate, problem)` pairs' Triton kernels into Triton's cache in one batch across
+    the compile workers (a candidate that fails to compile is left for its runner to refuse)."""
+    from wrapgen.kernels.triton.runtime import KernelSpec, worker_request
+    from wrapgen.kernels.triton.worker_pool import compile_pool
+
+    specs = [KernelSpec(c.kernel.name, c.kernel.source, _metadata(c, problem)) for c, problem in candidates]
+    compile_pool().run([(spec.name, worker_request(spec, True, True)) for spec in specs])
