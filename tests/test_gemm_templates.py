@@ -249,6 +249,25 @@ def test_product_read_by_a_reduction_gets_no_epilogue():
     assert dict(kernel.metadata)["ops"] == "aten::mm"
 
 
+def test_epilogue_the_template_cannot_render_leaves_the_product_alone(monkeypatch):
+    """A template that refuses an epilogue (NotImplementedError while rendering) still serves the
+    product, and the pointwise work stays a kernel of its own."""
+    render = cpp_gemm.cpp_gemm_source
+
+    def refuse_epilogues(problem, config, name):
+        if problem.epilogue is not None:
+            raise NotImplementedError("an epilogue this test refuses")
+        return render(problem, config, name)
+
+    monkeypatch.setattr(cpp_gemm, "cpp_gemm_source", refuse_epilogues)
+    x, w, b = torch.randn(16, 32), torch.randn(24, 32), torch.randn(24)
+    program = check(lambda x, w, b: F.gelu(_linear(x, w, b)), (x, w, b), targets=["python"])
+    (template,) = templates(program)
+    assert "gelu" not in template.source.lower(), template.source
+    kernels = [line for line in program.lines if isinstance(line, KernelDefinition) and line not in (template,)]
+    assert any("gelu" in dict(k.metadata).get("ops", "") for k in kernels), str(program)
+
+
 def test_torch_compile_options():
     fn, args = (lambda a, b: F.silu(a @ b)), (torch.randn(20, 30), torch.randn(30, 40))
     compiled = torch.compile(fn, backend="wrapgen", options={"max_autotune": True, "target": "python"})

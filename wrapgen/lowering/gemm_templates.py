@@ -17,7 +17,6 @@ When the library wins, a comment line before the call records the measurement.
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
 
 import sympy
 import torch
@@ -27,9 +26,6 @@ from wrapgen.lowering.loop_ir import Load, loads, row_vars, walk
 from wrapgen.lowering.scheduler import FusionGroup, schedule
 from wrapgen.wrapper_ir.lines import Allocate, Comment, ExternKernel, KernelCall, KernelDefinition, WrapperLine
 from wrapgen.wrapper_ir.values import TensorRef, TensorType
-
-if TYPE_CHECKING:
-    from wrapgen.kernels.templates.problem import GemmProblem
 
 GEMM_OPS = {"aten::mm.out": "mm", "aten::addmm.out": "addmm", "aten::bmm.out": "bmm"}
 # below this many multiply-adds an unaligned cuBLAS kernel costs a few microseconds: not worth
@@ -60,14 +56,26 @@ def apply_gemm_templates(lowering, lines: list[WrapperLine], pending_type: type)
     lines = list(lines)
     groups = _groups(lowering, lines, pending_type)
     names = [f"{lowering.language}_template_{parts['op']}_{number}" for number, (_, parts) in enumerate(products)]
-    precompile([(_problem_with_epilogue(extern, parts, lines, groups, lowering, pending_type, types)[0], name)
-                for (extern, parts), name in zip(products, names)], lowering.language, backends)
+    requests = []
+    for (extern, parts), name in zip(products, names):
+        group, needed = _epilogue(extern, parts, lines, groups, lowering, pending_type)
+        try:
+            requests.append((_make_problem(parts, group, needed, lowering, types), name))
+        except NotImplementedError:
+            requests.append((_make_problem(parts, None, frozenset(), lowering, types), name))
+    precompile(requests, lowering.language, backends)
     definitions: list[WrapperLine] = []
     shared: dict[tuple, str] = {}  # products of the same code (a chain of identical layers) share a kernel
     for (extern, problem_parts), name in zip(products, names):
         index = lines.index(extern)
-        problem, group = _problem_with_epilogue(extern, problem_parts, lines, groups, lowering, pending_type, types)
-        selection = select_gemm(problem, lowering.language, name, backends)
+        group, needed = _epilogue(extern, problem_parts, lines, groups, lowering, pending_type)
+        try:
+            problem = _make_problem(problem_parts, group, needed, lowering, types)
+            selection = select_gemm(problem, lowering.language, name, backends)
+        except NotImplementedError:  # an epilogue the template cannot render: the product alone
+            group = None
+            problem = _make_problem(problem_parts, None, frozenset(), lowering, types)
+            selection = select_gemm(problem, lowering.language, name, backends)
         if selection.kernel is None:
             lines.insert(index, Comment(selection.summary))
             continue
@@ -81,17 +89,6 @@ def apply_gemm_templates(lowering, lines: list[WrapperLine], pending_type: type)
         call = KernelCall(name, tuple(TensorRef(t) for t in kernel.tensors), kernel.grid, kernel.written)
         lines = _rewrite(lines, extern, group, call, lowering, pending_type)
     return definitions + lines
-
-
-def _problem_with_epilogue(extern, parts: dict, lines, groups, lowering, pending_type,
-                           types) -> tuple[GemmProblem, FusionGroup | None]:
-    """The product with the pointwise work that consumes it as its epilogue (and that group),
-    or the product alone (None) where the template cannot render that epilogue."""
-    group, needed = _epilogue(extern, parts, lines, groups, lowering, pending_type)
-    try:
-        return _make_problem(parts, group, needed, lowering, types), group
-    except NotImplementedError:
-        return _make_problem(parts, None, frozenset(), lowering, types), None
 
 
 def misaligned(parts: dict) -> bool:

@@ -110,7 +110,10 @@ def precompile(requests: list[tuple[GemmProblem, str]], language: str, backends:
     pending: list[tuple[Candidate, GemmProblem]] = []
     seen: set[str] = set()
     for problem, name in requests:
-        candidates = _candidates(problem, language, name, backends)
+        try:
+            candidates = _candidates(problem, language, name, backends)
+        except NotImplementedError:  # an epilogue the template cannot render: left to select_gemm's caller
+            continue
         everyone = ([Candidate(ATEN, None)] if "aten" in backends.split(",") else []) + candidates
         if len(everyone) < 2:
             continue
