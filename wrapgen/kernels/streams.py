@@ -33,9 +33,9 @@ _capture_streams: dict[int, torch.cuda.Stream] = {}
 def capture_stream(device: torch.device) -> torch.cuda.Stream:
     """The one stream per device on which every python program warms up and records its graphs.
 
-    One, not one per program: on the H100 (driver 580), once graphs have been recorded on a third
-    distinct stream in a process, every graph replay in that process is slower for good, about
-    0.18 µs per graph node (10% on a decoder at batch 1; `benchmarks/results/*graph-streams*`)."""
+    One, not one per program: on the H100 (driver 580), a recording on a third distinct stream in
+    a process slows every graph replay in that process by about 0.18 µs per graph node (10% on a
+    decoder at batch 1), even after those graphs are gone (`benchmarks/results/*graph-streams*`)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     with recording_lock:
         if index not in _capture_streams:
