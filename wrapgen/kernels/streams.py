@@ -4,8 +4,8 @@ cuBLAS keeps a workspace per stream (32 MiB on Hopper), made on the stream's fir
 owned by PyTorch; a recorded matmul writes into the workspace its stream had when it was
 recorded. PyTorch frees workspaces behind a graph's back: `torch._C._cuda_clearCublasWorkspaces()`
 frees all of them (torch.compile's reduce-overhead calls it whenever it records), and from
-torch 2.13 destroying a `CUDAGraph` frees the one of the stream it was recorded on (streams come
-from a pool of 32 per device, so another program's stream may be the same). So:
+torch 2.13 destroying a `CUDAGraph` frees the one of the stream it was recorded on (every python
+program records on one stream per device, `capture_stream`). So:
 - a python program records a region with library calls between two clears of the workspaces
   (`clear_library_workspaces`), so the workspace it records is made inside its own graph
   memory pool while it records: pool memory like any intermediate, which no clear elsewhere

@@ -56,21 +56,16 @@ def apply_gemm_templates(lowering, lines: list[WrapperLine], pending_type: type)
     lines = list(lines)
     groups = _groups(lowering, lines, pending_type)
     names = [f"{lowering.language}_template_{parts['op']}_{number}" for number, (_, parts) in enumerate(products)]
-    requests = []
-    for (extern, parts), name in zip(products, names):
-        group, needed = _epilogue(extern, parts, lines, groups, lowering, pending_type)
-        try:
-            requests.append((_make_problem(parts, group, needed, lowering, types), name))
-        except NotImplementedError:
-            requests.append((_make_problem(parts, None, frozenset(), lowering, types), name))
-    precompile(requests, lowering.language, backends)
+    # The epilogues as the lines stand now (a rewrite below can take a later product's readers,
+    # which then compiled for nothing): every product's candidates compile in one batch.
+    precompile([(_epilogue_problem(extern, parts, lines, groups, lowering, pending_type, types)[0], name)
+                for (extern, parts), name in zip(products, names)], lowering.language, backends)
     definitions: list[WrapperLine] = []
     shared: dict[tuple, str] = {}  # products of the same code (a chain of identical layers) share a kernel
     for (extern, problem_parts), name in zip(products, names):
         index = lines.index(extern)
-        group, needed = _epilogue(extern, problem_parts, lines, groups, lowering, pending_type)
+        problem, group = _epilogue_problem(extern, problem_parts, lines, groups, lowering, pending_type, types)
         try:
-            problem = _make_problem(problem_parts, group, needed, lowering, types)
             selection = select_gemm(problem, lowering.language, name, backends)
         except NotImplementedError:  # an epilogue the template cannot render: the product alone
             group = None
@@ -89,6 +84,16 @@ def apply_gemm_templates(lowering, lines: list[WrapperLine], pending_type: type)
         call = KernelCall(name, tuple(TensorRef(t) for t in kernel.tensors), kernel.grid, kernel.written)
         lines = _rewrite(lines, extern, group, call, lowering, pending_type)
     return definitions + lines
+
+
+def _epilogue_problem(extern, parts: dict, lines, groups, lowering, pending_type, types) -> tuple:
+    """(the product with the pointwise group that consumes it as its epilogue, that group), or
+    the product alone and None where the problem cannot take that epilogue."""
+    group, needed = _epilogue(extern, parts, lines, groups, lowering, pending_type)
+    try:
+        return _make_problem(parts, group, needed, lowering, types), group
+    except NotImplementedError:
+        return _make_problem(parts, None, frozenset(), lowering, types), None
 
 
 def misaligned(parts: dict) -> bool:

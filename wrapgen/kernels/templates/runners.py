@@ -67,10 +67,10 @@ def _metadata(candidate, problem: GemmProblem) -> tuple:
 
 
 def precompile_triton(candidates: list[tuple]) -> None:
-    """Build `(candidate, problem)` pairs' Triton kernels into Triton's cache in one batch across
-    the compile workers (a candidate that fails to compile is left for its runner to refuse)."""
-    from wrapgen.kernels.triton.runtime import KernelSpec, worker_request
-    from wrapgen.kernels.triton.worker_pool import compile_pool
+    """Build `(candidate, problem)` pairs' Triton kernels and launchers into Triton's cache in one
+    batch across the compile workers; those built before are skipped (a candidate that fails to
+    compile is left for its runner to refuse)."""
+    from wrapgen.kernels.triton.runtime import KernelSpec, warm_in_workers
 
-    specs = [KernelSpec(c.kernel.name, c.kernel.source, _metadata(c, problem)) for c, problem in candidates]
-    compile_pool().run([(spec.name, worker_request(spec, True, True)) for spec in specs])
+    warm_in_workers([KernelSpec(c.kernel.name, c.kernel.source, _metadata(c, problem)) for c, problem in candidates],
+                    launchers=True, warn=False)

@@ -160,13 +160,15 @@ def kernel_binaries(kernels: list[tuple[str, str, tuple]]) -> dict[str, tuple[co
     return binaries
 
 
-def warm_in_workers(specs: list[KernelSpec], unaligned_too: bool = False, launchers: bool = False) -> None:
+def warm_in_workers(specs: list[KernelSpec], unaligned_too: bool = False, launchers: bool = False,
+                    warn: bool = True) -> None:
     """Compile new kernels in worker processes; the compiles that follow then hit Triton's cache.
     A kernel a worker could not compile is compiled here, where its error (if any) is raised.
     `unaligned_too`: also the variant without the 16-byte alignment assumption, for kernels
     with maybe-unaligned pointers (the C++ target builds both up front). `launchers`: also
     Triton's host launchers (the Python target launches through them; the C++ target has its own).
-    Kernels `prefetch` sent to the workers during lowering are waited for, not sent again."""
+    Kernels `prefetch` sent to the workers during lowering are waited for, not sent again.
+    `warn=False`: failures are expected (GEMM template candidates beyond the GPU's resources)."""
     wanted = [(spec, True) for spec in specs]
     if unaligned_too:
         wanted += [(spec, False) for spec in specs if spec.maybe_unaligned_positions()]
@@ -193,7 +195,7 @@ def warm_in_workers(specs: list[KernelSpec], unaligned_too: bool = False, launch
         if outcome.error is None:
             marker.touch()
     failed = [outcome for _, outcome in done if outcome.error is not None]
-    if failed:
+    if failed and warn:
         first = failed[0]
         warnings.warn(f"{len(failed)} Triton kernel(s) were not compiled in a worker, so they compile in this process; "
                       f"the first, {first.key}: {(first.error or '').strip().splitlines()[-1]}", RuntimeWarning,
