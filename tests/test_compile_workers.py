@@ -190,11 +190,72 @@ def test_kernels_compile_here_when_no_worker_starts(monkeypatch, tmp_path: Path)
     assert not list((cache / "triton").glob("built_*"))  # not marked as built: a later program tries again
 
 
+def _ptxas_other_than_tritons() -> str | None:
+    """A ptxas of another version than the one Triton uses by default, if this machine has one
+    (torch's own, the CUDA toolkit's): what torch.compile switches TRITON_PTXAS_PATH to."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    saved = os.environ.pop("TRITON_PTXAS_PATH", None)
+    try:
+        default = knobs.nvidia.ptxas
+    except Exception:  # noqa: BLE001 - no ptxas at all
+        return None
+    finally:
+        if saved is not None:
+            os.environ["TRITON_PTXAS_PATH"] = saved
+    import shutil
+
+    for candidate in (str(Path(torch.__file__).parent / "bin" / "ptxas"), "/usr/local/cuda/bin/ptxas", shutil.which("ptxas")):
+        tool = knobs.NvidiaTool.from_path(candidate) if candidate and os.access(candidate, os.X_OK) else None
+        if tool is not None and tool.version != default.version:
+            return candidate
+    return None
+
+
+def test_kernel_keys_follow_ptxas_when_it_changes_after_the_first_compile(monkeypatch) -> None:
+    """Triton memoizes ptxas's version (part of every kernel's cache key) but finds the tool anew
+    for each compile; after TRITON_PTXAS_PATH changes, the key and what workers get follow it."""
+    nvidia = pytest.importorskip("triton.backends.nvidia.compiler")
+    other = _ptxas_other_than_tritons()
+    if other is None:
+        pytest.skip("needs a second ptxas of another version")
+    from triton import knobs
+
+    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    try:
+        compat.ptxas_in_use()
+        first = nvidia.get_ptxas_version()
+        monkeypatch.setenv("TRITON_PTXAS_PATH", other)  # as torch.compile does when it first compiles
+        assert nvidia.get_ptxas_version() == first  # Triton alone keeps keying by the old one
+        assert compat.ptxas_in_use() == other
+        assert f"release {knobs.NvidiaTool.from_path(other).version}" in nvidia.get_ptxas_version()
+        monkeypatch.setattr(compat, "interpreting", lambda: False)
+        assert compat.worker_environment()["TRITON_PTXAS_PATH"] == other  # workers started now use it too
+    finally:
+        monkeypatch.undo()
+        compat.ptxas_in_use()  # back in line with the restored environment
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a real compile needs a GPU")
-def test_worker_compile_lands_in_the_parents_triton_cache(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ptxas_switch", [False, True], ids=["same-ptxas", "ptxas-switched-after-a-compile"])
+def test_worker_compile_lands_in_the_parents_triton_cache(tmp_path: Path, ptxas_switch: bool) -> None:
     """After a worker compiled a kernel and built its launcher, compiling and binding it here
-    adds nothing to Triton's cache (no kernel and no launcher is built a second time)."""
+    adds nothing to Triton's cache (no kernel and no launcher is built a second time). Also
+    when TRITON_PTXAS_PATH changed after this process first compiled (torch.compile does that):
+    before, this process then keyed kernels by the old ptxas and workers by the new one."""
+    other = _ptxas_other_than_tritons() if ptxas_switch else None
+    if ptxas_switch and other is None:
+        pytest.skip("needs a second ptxas of another version")
+    switch = "" if other is None else f"""
+first = Path({str(tmp_path / "first.py")!r})
+first.write_text({KERNEL.replace("add_one", "first")!r})
+compat.compile_kernel(compat.load_module(first, "wrapgen_triton_first").first,
+                      [("ptr", (torch.float32, True)), ("int", False)], {{"BLOCK": 16}}, 4)
+os.environ["TRITON_PTXAS_PATH"] = {other!r}
+"""
     script = f"""\
 import os, sys
 from pathlib import Path
@@ -206,6 +267,7 @@ from wrapgen.kernels.triton.worker_pool import CompilePool
 path = Path({str(tmp_path / "kernel.py")!r})
 path.write_text({KERNEL!r})
 cache = Path(os.environ["TRITON_CACHE_DIR"])
+{switch}
 pool = CompilePool(1)
 outcome = pool.run([("add_one", (str(path), "add_one", [("ptr", (torch.float32, True)), ("int", False)],
                                  {{"BLOCK": 16}}, 4, 0, 1, True))])
@@ -222,6 +284,7 @@ assert before and before == after, (before, after)
 print("HIT", len(before))
 """
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton_cache")}
+    env.pop("TRITON_PTXAS_PATH", None)
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "HIT" in result.stdout, result.stdout + result.stderr[-3000:]
 

@@ -93,6 +93,7 @@ def compile_kernel(
     ("int", wide). Returns the compiled kernel (or the JITFunction itself when interpreting)."""
     if interpreting():
         return jit_fn
+    ptxas_in_use()  # the key this compile looks up is the one the workers stored it under
     args = [_Pointer(*info) if kind == "ptr" else example_int(info) for kind, info in arg_kinds]
     with torch.cuda.device(device_index):
         return jit_fn.warmup(*args, grid=(1,), num_warps=num_warps, num_stages=num_stages, **constexprs)
@@ -150,11 +151,44 @@ def prepare_worker() -> None:
     import triton.language  # noqa: F401
 
 
+_keyed_ptxas: str | None = None  # the ptxas this process's kernel keys were last brought in line with
+
+
+def ptxas_in_use() -> str | None:
+    """The ptxas Triton compiles CUDA kernels with now (None: no CUDA backend), with this
+    process's kernel cache keys brought in line with it.
+
+    Triton looks the tool up (TRITON_PTXAS_PATH, else its own) on every compile but memoizes
+    its version, a part of every kernel's cache key, the first time. torch.compile points
+    TRITON_PTXAS_PATH at torch's own ptxas when it first compiles, so a process that compiled
+    before then went on keying kernels by the old version while compile workers started since
+    keyed them by the new one: none of their compiles was found here, and each compiled again,
+    one after another (measured: a max_autotune MLP's cold compile 56 s instead of 18). When
+    the tool differs from the one last seen, the memo is dropped and the key follows the tool."""
+    global _keyed_ptxas
+    try:
+        from triton import knobs
+        from triton.backends.nvidia import compiler as nvidia_compiler
+
+        path = knobs.nvidia.ptxas.path
+    except Exception:  # noqa: BLE001 - no CUDA backend in this Triton, or no ptxas at all
+        return None
+    if path != _keyed_ptxas:
+        memo = getattr(nvidia_compiler, "get_ptxas_version", None)
+        if hasattr(memo, "cache_clear"):
+            memo.cache_clear()
+        _keyed_ptxas = path
+    return path
+
+
 def worker_environment() -> dict[str, str]:
     """The Triton settings a compile worker must share with this process, as environment
-    variables: the cache its compiles land in (the parent's compile that follows must hit it)
-    and whether kernels are interpreted (either may have been set in code, not in the env)."""
+    variables: the cache its compiles land in and the ptxas they use (the parent's compile
+    that follows must find them under the same key), and whether kernels are interpreted
+    (any of these may have been set in code, not in the env)."""
     env = {"TRITON_INTERPRET": "1" if interpreting() else "0"}
+    if not interpreting() and (ptxas := ptxas_in_use()) is not None:
+        env["TRITON_PTXAS_PATH"] = ptxas
     try:
         from triton import knobs
 
