@@ -249,6 +249,23 @@ def test_product_read_by_a_reduction_gets_no_epilogue():
     assert dict(kernel.metadata)["ops"] == "aten::mm"
 
 
+def test_epilogue_reading_an_element_of_a_library_calls_tuple(two_tilings, tmp_path):
+    """An epilogue reading one result of a library call that returns several (the attention
+    backward's gradients in a training step): the line leaves its strides to the library, the
+    program fixes them from torch's meta function, and the candidates are measured and run
+    with it read at those (stand-ins made of that layout)."""
+
+    def fn(a, b, c):
+        values, _ = torch.sort(c, dim=-1)
+        return (a @ b) + values
+
+    with wrapgen.config.patch(cache_dir=str(tmp_path)):  # measured, not a cached choice
+        program = check(fn, (torch.randn(20, 30), torch.randn(30, 40), torch.randn(20, 40)), targets=["python", "fx"])
+    (kernel,) = templates(program)
+    meta = dict(kernel.metadata)
+    assert meta["ops"] == "aten::mm,aten::add.Tensor" and "ms" in meta["autotune"], str(program)
+
+
 def test_epilogue_the_template_cannot_render_leaves_the_product_alone(monkeypatch):
     """A template that refuses an epilogue (NotImplementedError while rendering) still serves the
     product, and the pointwise work stays a kernel of its own."""

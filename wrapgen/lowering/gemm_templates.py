@@ -42,7 +42,7 @@ def apply_gemm_templates(lowering, lines: list[WrapperLine], pending_type: type)
     if not (tune_all or misaligned_only):
         return lines
     backends = None if tune_all else "aten,template"  # the library call is always measured too
-    types = lowering._known_types()
+    types = _types_with_fixed_layouts(lowering)
     products = []
     for line in lines:
         if isinstance(line, ExternKernel) and line.op in GEMM_OPS:
@@ -122,9 +122,28 @@ def _groups(lowering, lines: list[WrapperLine], pending_type: type) -> list[Fusi
     return schedule(order, position, readers)
 
 
+def _types_with_fixed_layouts(lowering) -> dict[str, TensorType]:
+    """Every buffer's type, with the strides the program fixed for a library result whose line
+    leaves them to the library (an element of a tuple result, checked at run time by an
+    `EnsureStrides` line): kernels index such a buffer at those strides, so a template and
+    the tuner's stand-ins read it at them too."""
+    from wrapgen.lowering.graph_lowering import Buffer
+
+    types = dict(lowering._known_types())
+    for value in lowering.values.values():
+        for v in value if isinstance(value, tuple) else (value,):
+            known = types.get(v.name) if isinstance(v, Buffer) else None
+            if known is not None and known.strides is None and v.fixed_layout and v.type.strides is not None:
+                types[v.name] = v.type
+    return types
+
+
 def _static(values) -> tuple[int, ...] | None:
+    """Constant sizes or strides (None when any is symbolic, or when they are unknown)."""
+    if values is None:
+        return None
     out = []
-    for v in values or ():
+    for v in values:
         v = sympy.sympify(v)
         if not v.is_Integer:
             return None
@@ -262,7 +281,7 @@ def _make_problem(parts: dict, group, needed, lowering, types):
                 if name in layouts or name == parts["out"][0] or t is None:
                     continue
                 sizes, strides = _static(t.sizes), _static(t.strides)
-                if sizes is None or strides is None:
+                if sizes is None or strides is None or len(sizes) != len(strides):
                     raise NotImplementedError(f"an epilogue reading {name}, whose layout is only known at run time")
                 layouts[name] = (sizes, strides, t.dtype)
     bias = Operand(*parts["bias"]) if parts["bias"] else None
