@@ -9,6 +9,7 @@ from __future__ import annotations
 from wrapgen import config
 from wrapgen.lowering.attention_masks import float_attention_masks
 from wrapgen.lowering.capture import CapturedGraph
+from wrapgen.lowering.constant_masks import drop_constant_masks
 from wrapgen.lowering.conv_layout import channels_last_convolutions
 from wrapgen.lowering.graph_lowering import GraphLowering
 from wrapgen.lowering.kernel_lowering import KernelGraphLowering
@@ -18,6 +19,7 @@ from wrapgen.wrapper_ir.program import Program
 def lower_captured(captured: CapturedGraph, name: str = "forward") -> Program:
     """Lower with generated kernels when `config.kernels` is on, else to library calls only."""
     captured = channels_last_convolutions(captured)  # config.layout_optimization: NHWC convolutions
+    captured = drop_constant_masks(captured)  # masks that mask nothing, or exactly the causal mask
     if config.kernels:
         # Only with kernels: the mask conversion pays off when it fuses into a generated kernel.
         return KernelGraphLowering(float_attention_masks(captured), name).lower()

@@ -1,0 +1,192 @@
+"""Attention masks that are compile-time constants: dropped where they mask nothing, replaced by
+`is_causal=True` where they are exactly the causal mask.
+
+A transformers model traced without a padding mask (by torch.export or torch.compile) still
+builds one from `arange`s: all True for encoders (BERT, ViT), lower-triangular for decoders
+(GPT-2, Llama). Handed to SDPA, a mask rules out the flash kernels on CUDA, adds a bias read per
+score, a kernel that builds it and its memory; `is_causal` also lets the kernels skip the masked
+half. The subgraph that computes such a mask reads no input and no weight, so it is evaluated
+once here, on the mask's own device, and its value decides. Eager PyTorch skips the mask the
+same way when it is not tracing; what SDPA computes is unchanged.
+
+Only inference calls are rewritten: a call whose log-sum-exp (or any output but the first) is
+used feeds a backward graph that would still see the mask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from wrapgen.lowering.capture import CapturedGraph, graph_module
+from wrapgen.lowering.kernel_lowering import holds_statically
+
+aten = torch.ops.aten
+
+# Attention ops that take a mask: (mask argument's name, is_causal argument's name).
+ATTENTION_OPS = {
+    aten.scaled_dot_product_attention.default: ("attn_mask", "is_causal"),
+    aten._scaled_dot_product_flash_attention_for_cpu.default: ("attn_mask", "is_causal"),
+    aten._scaled_dot_product_efficient_attention.default: ("attn_bias", "is_causal"),
+}
+EVALUATION_LIMIT = 1 << 25  # elements of any tensor the mask's subgraph makes (compile-time memory)
+_UNINITIALIZED = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
+                            "aten::new_empty_strided", "aten::empty_permuted"})
+
+
+def _argument(node: torch.fx.Node, name: str) -> tuple[object, int | None]:
+    """(the value of the argument `name` of an OpOverload call, its position in node.args or None)."""
+    schema = node.target._schema  # type: ignore[union-attr]
+    for position, argument in enumerate(schema.arguments):
+        if argument.name == name:
+            if name in node.kwargs:
+                return node.kwargs[name], None
+            if position < len(node.args) and not argument.kwarg_only:
+                return node.args[position], position
+            return argument.default_value, None
+    raise KeyError(f"{schema.name} has no argument {name!r}")
+
+
+def _set_argument(node: torch.fx.Node, name: str, value: object) -> None:
+    """Set an argument where it is given; a keyword set to its default is left out."""
+    _, position = _argument(node, name)
+    if position is not None:
+        node.args = (*node.args[:position], value, *node.args[position + 1:])
+        return
+    default = next(a.default_value for a in node.target._schema.arguments if a.name == name)  # type: ignore[union-attr]
+    kwargs = {k: v for k, v in node.kwargs.items() if k != name}
+    node.kwargs = kwargs if value is default else {**kwargs, name: value}
+
+
+def _only_first_output_used(node: torch.fx.Node) -> bool:
+    """Whether only the attention output is read (inference): no log-sum-exp kept for a backward."""
+    if not isinstance(node.meta.get("val"), (tuple, list)):
+        return True
+    return all(user.target is operator.getitem and user.args[1] == 0 for user in node.users)
+
+
+def _closure(mask: torch.fx.Node) -> list[torch.fx.Node] | None:
+    """The nodes that compute `mask`, in graph order, when they read no input or constant and are
+    pure, deterministic and of static sizes; else None."""
+    seen: set[torch.fx.Node] = set()
+    stack = [mask]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            return None
+        op = node.target
+        if op._schema.is_mutable or op._schema.name in _UNINITIALIZED or torch.Tag.nondeterministic_seeded in op.tags:
+            return None
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor) or not all(isinstance(s, int) for s in value.shape):
+            return None
+        if value.numel() > EVALUATION_LIMIT:
+            return None
+        leaves = pytree.tree_leaves((node.args, node.kwargs))
+        if any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)) for v in leaves):
+            return None
+        stack.extend(node.all_input_nodes)
+    return [n for n in mask.graph.nodes if n in seen]
+
+
+def _evaluate(nodes: list[torch.fx.Node]) -> torch.Tensor:
+    values: dict[torch.fx.Node, object] = {}
+    with torch.no_grad():
+        for node in nodes:
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: values[n])
+            values[node] = node.target(*args, **kwargs)  # type: ignore[operator]
+    return values[nodes[-1]]  # type: ignore[return-value]
+
+
+def mask_kind(value: torch.Tensor, queries: int, keys: int) -> str | None:
+    """"none" where `value` (a boolean mask or an additive 0/-inf one) masks nothing, "causal"
+    where it is the square causal mask at every batch and head, else None."""
+    value = value.detach().cpu()
+    if value.dtype == torch.bool:
+        allowed = value
+    elif value.is_floating_point():
+        allowed = value == 0
+        if not (allowed | (value == float("-inf"))).all():
+            return None
+    else:
+        return None
+    if bool(allowed.all()):
+        return "none"
+    if queries != keys or allowed.dim() < 2:
+        return None
+    causal = torch.ones(queries, keys, dtype=torch.bool).tril()
+    try:
+        shape = torch.broadcast_shapes(allowed.shape, causal.shape)
+    except RuntimeError:
+        return None
+    return "causal" if torch.equal(allowed.expand(shape), causal.expand(shape)) else None
+
+
+def drop_constant_masks(captured: CapturedGraph) -> CapturedGraph:
+    """`captured` with constant attention masks dropped or turned into `is_causal` (on a copy of
+    the graph: the caller's graph module is never changed), or `captured` itself."""
+    gm = captured.graph_module
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in ATTENTION_OPS]
+    if not calls:
+        return captured
+    graph = torch.fx.Graph()
+    output = graph.graph_copy(gm.graph, {})
+    graph.output(output)
+    values: dict[torch.fx.Node, torch.Tensor | None] = {}
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in ATTENTION_OPS or not _only_first_output_used(node):
+            continue
+        mask_name, causal_name = ATTENTION_OPS[node.target]  # type: ignore[index]
+        mask, _ = _argument(node, mask_name)
+        if not isinstance(mask, torch.fx.Node) or _argument(node, causal_name)[0]:
+            continue
+        query, key = (node.args[0].meta.get("val"), node.args[1].meta.get("val"))  # type: ignore[union-attr]
+        if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor):
+            continue
+        queries, keys = query.shape[-2], key.shape[-2]
+        if not isinstance(queries, int) or not isinstance(keys, int):
+            continue
+        if mask not in values:
+            nodes = _closure(mask)
+            values[mask] = None if nodes is None else _evaluate(nodes)
+        value = values[mask]
+        kind = None if value is None else mask_kind(value, queries, keys)
+        if kind is None:
+            continue
+        _set_argument(node, mask_name, None)
+        if kind == "causal":
+            _set_argument(node, causal_name, True)
+        changed = True
+    if not changed:
+        return captured
+    for mask in reversed(list(values)):
+        _erase_unused(mask)
+    graph.lint()
+    return dataclasses.replace(captured, graph_module=graph_module(gm, graph))
+
+
+def _erase_unused(node: torch.fx.Node) -> None:
+    """Erase `node`, then its inputs as they lose their last user (all pure: see _closure). A
+    metadata assertion the traced values already prove (dropped by lowering anyway) does not
+    keep a value alive."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if getattr(current, "_erased", False) or current.op != "call_function":
+            continue
+        checks = [user for user in current.users if holds_statically(user)]
+        if len(checks) != len(current.users):
+            continue
+        for check in checks:
+            current.graph.erase_node(check)
+        inputs = current.all_input_nodes
+        current.graph.erase_node(current)
+        stack.extend(inputs)
