@@ -154,6 +154,11 @@ def default_contenders(device: str) -> list[Contender]:
         small_pages = {"cpu_huge_pages": False}
         contenders.append(Contender("wrapgen[python+4k-pages]", _wrapgen("python", **small_pages),
                                     fresh_wrapgen_cache, train_build=_wrapgen_dynamo("python", **small_pages)))
+    # Constant attention masks kept as traced: the row beside wrapgen[python] that shows what
+    # dropping them (or making them is_causal) is worth. Opt-in: name it in --contenders.
+    kept_masks = {"constant_masks": False}
+    contenders.append(Contender("wrapgen[python+kept-masks]", _wrapgen("python", **kept_masks), fresh_wrapgen_cache,
+                                train_build=_wrapgen_dynamo("python", **kept_masks), opt_in=True))
     # GEMM templates chosen by measurement at compile time, against Inductor's counterpart
     # (CUDA graphs off on both sides). Opt-in: name them in --contenders.
     autotune = {"max_autotune": True}

@@ -158,6 +158,17 @@ def test_torch_compile_inference_drops_the_mask(tmp_path):
     assert programs and all("is_causal=True" in text and "attn_mask" not in text for text in programs)
 
 
+def test_option_off_keeps_every_mask(monkeypatch):
+    with wrapgen.config.patch(constant_masks=False):
+        program = wrapgen.lower(causal_bool, qkv())
+        compiled = wrapgen.compile(causal_bool, qkv())
+    assert all(line.args[3] is not None for line in attention_lines(program))
+    args = qkv()
+    torch.testing.assert_close(compiled(*args), causal_bool(*args))
+    monkeypatch.setenv("WRAPGEN_CONSTANT_MASKS", "0")
+    assert wrapgen.config.OPTIONS["constant_masks"].parse_env() is False
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("fn", [causal_bool, all_true])
@@ -174,3 +185,51 @@ def test_cuda(target, fn, dtype):
     for _ in range(2):
         fresh = [t.cuda() for t in qkv(dtype, 64, 64)]
         torch.testing.assert_close(compiled(*fresh), fn(*fresh), **tolerance)
+
+
+# -- training: the rewrite on dynamo's graph, before aot_autograd ---------------------------------
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("fn", [causal_bool, all_true, shifted_causal])
+def test_training_gradients_match_eager(target, fn, tmp_path):
+    """A constant mask is dropped (or made is_causal) before aot_autograd, so the forward and the
+    backward both run without it; gradients equal eager's. A mask that is not causal stays."""
+    with wrapgen.config.patch(debug_dir=str(tmp_path)):
+        compiled = torch.compile(fn, backend="wrapgen", options={"target": target})
+        args = [t.requires_grad_() for t in qkv()]
+        reference = [t.detach().clone().requires_grad_() for t in args]
+        out = compiled(*args)
+        out.sum().backward()
+    expected = fn(*reference)
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(args, reference):
+        torch.testing.assert_close(got.grad, want.grad)
+    programs = "\n".join(p.read_text() for p in tmp_path.glob("*/program.txt"))
+    assert "backward" in programs
+    assert ("attn_mask=buf" in programs or "attn_mask=arg" in programs) == (fn is shifted_causal)
+
+
+def test_traced_masks_option_off_keeps_the_mask(tmp_path):
+    with wrapgen.config.patch(debug_dir=str(tmp_path)):
+        compiled = torch.compile(causal_bool, backend="wrapgen", options={"constant_masks": False})
+        args = [t.requires_grad_() for t in qkv()]
+        compiled(*args).sum().backward()
+    programs = "\n".join(p.read_text() for p in tmp_path.glob("*/program.txt"))
+    assert "backward" in programs and programs.count("attn_mask=") >= 4  # two forward, two backward calls
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cuda_training(dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    compiled = torch.compile(causal_bool, backend="wrapgen")
+    args = [t.cuda().requires_grad_() for t in qkv(dtype, 64, 64)]
+    reference = [t.detach().clone().requires_grad_() for t in args]
+    compiled(*args).sum().backward()
+    causal_bool(*reference).sum().backward()
+    tolerance = {} if dtype == torch.float32 else {"atol": 5e-2, "rtol": 5e-2}
+    for got, want in zip(args, reference):
+        torch.testing.assert_close(got.grad, want.grad, **tolerance)

@@ -163,6 +163,14 @@ OPTIONS: dict[str, Option] = {
             "run 2-d convolutions on CUDA in channels-last (input and weights copied per call, the layout "
             "flowing through the ops that follow; outputs keep eager's strides) so cuDNN never transposes",
         ),
+        Option(
+            "constant_masks",
+            bool,
+            True,
+            "WRAPGEN_CONSTANT_MASKS",
+            "attention masks that read no input and no weight are evaluated at compile time: one that masks "
+            "nothing is dropped, the square causal mask becomes is_causal=True (off: every mask reaches attention)",
+        ),
     )
 }
 
@@ -184,6 +192,7 @@ max_autotune_gemm_backends: str = OPTIONS["max_autotune_gemm_backends"].parse_en
 misaligned_gemm_templates: bool = OPTIONS["misaligned_gemm_templates"].parse_env()
 multi_kernel: bool = OPTIONS["multi_kernel"].parse_env()
 layout_optimization: bool = OPTIONS["layout_optimization"].parse_env()
+constant_masks: bool = OPTIONS["constant_masks"].parse_env()
 
 _module = sys.modules[__name__]
 

@@ -19,7 +19,8 @@ from wrapgen.wrapper_ir.program import Program
 def lower_captured(captured: CapturedGraph, name: str = "forward") -> Program:
     """Lower with generated kernels when `config.kernels` is on, else to library calls only."""
     captured = channels_last_convolutions(captured)  # config.layout_optimization: NHWC convolutions
-    captured = drop_constant_masks(captured)  # masks that mask nothing, or exactly the causal mask
+    if config.constant_masks:  # masks that mask nothing, or exactly the causal mask
+        captured = drop_constant_masks(captured)
     if config.kernels:
         # Only with kernels: the mask conversion pays off when it fuses into a generated kernel.
         return KernelGraphLowering(float_attention_masks(captured), name).lower()
