@@ -9,8 +9,9 @@ half. The subgraph that computes such a mask reads no input and no weight, so it
 once here, on the mask's own device, and its value decides. Eager PyTorch skips the mask the
 same way when it is not tracing; what SDPA computes is unchanged.
 
-Only inference calls are rewritten: a call whose log-sum-exp (or any output but the first) is
-used feeds a backward graph that would still see the mask.
+On an ATen graph only inference calls are rewritten: a call whose log-sum-exp (or any output
+but the first) is used feeds a backward graph that would still see the mask. Training steps
+under torch.compile lose their masks earlier, on dynamo's graph (`traced_masks`).
 """
 
 from __future__ import annotations
@@ -96,13 +97,24 @@ def _closure(mask: torch.fx.Node) -> list[torch.fx.Node] | None:
     return [n for n in mask.graph.nodes if n in seen]
 
 
-def _evaluate(nodes: list[torch.fx.Node]) -> torch.Tensor:
+def evaluate(nodes: list[torch.fx.Node]) -> torch.Tensor | None:
+    """The value of the last of `nodes` (a closure in graph order), computed for real; None where
+    it cannot be (a device that is not here, a meta tensor): the mask then stays, always correct."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     values: dict[torch.fx.Node, object] = {}
-    with torch.no_grad():
-        for node in nodes:
-            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: values[n])
-            values[node] = node.target(*args, **kwargs)  # type: ignore[operator]
-    return values[nodes[-1]]  # type: ignore[return-value]
+    try:
+        with torch.no_grad(), unset_fake_temporarily():
+            for node in nodes:
+                args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: values[n])
+                if node.op == "call_method":
+                    values[node] = getattr(args[0], node.target)(*args[1:], **kwargs)  # type: ignore[arg-type]
+                else:
+                    values[node] = node.target(*args, **kwargs)  # type: ignore[operator]
+            value = values[nodes[-1]]
+            return value.cpu() if isinstance(value, torch.Tensor) and not value.is_meta else None
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
 
 
 def mask_kind(value: torch.Tensor, queries: int, keys: int) -> str | None:
@@ -156,7 +168,7 @@ def drop_constant_masks(captured: CapturedGraph) -> CapturedGraph:
             continue
         if mask not in values:
             nodes = _closure(mask)
-            values[mask] = None if nodes is None else _evaluate(nodes)
+            values[mask] = None if nodes is None else evaluate(nodes)
         value = values[mask]
         kind = None if value is None else mask_kind(value, queries, keys)
         if kind is None:
@@ -167,8 +179,9 @@ def drop_constant_masks(captured: CapturedGraph) -> CapturedGraph:
         changed = True
     if not changed:
         return captured
-    for mask in reversed(list(values)):
-        _erase_unused(mask)
+    for mask, value in reversed(list(values.items())):
+        if value is not None:  # rewritten calls no longer read it
+            _erase_unused(mask)
     graph.lint()
     return dataclasses.replace(captured, graph_module=graph_module(gm, graph))
 

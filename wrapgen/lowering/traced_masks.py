@@ -17,7 +17,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from wrapgen.lowering.constant_masks import EVALUATION_LIMIT, mask_kind
+from wrapgen.lowering.constant_masks import EVALUATION_LIMIT, evaluate, mask_kind
 
 _ATTENTION = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
 _PURE_FUNCTIONS = frozenset({
@@ -72,18 +72,6 @@ def _closure(mask: torch.fx.Node) -> list[torch.fx.Node] | None:
     return [n for n in mask.graph.nodes if n in seen]
 
 
-def _evaluate(nodes: list[torch.fx.Node]) -> torch.Tensor:
-    values: dict[torch.fx.Node, object] = {}
-    with torch.no_grad():
-        for node in nodes:
-            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: values[n])
-            if node.op == "call_method":
-                values[node] = getattr(args[0], node.target)(*args[1:], **kwargs)  # type: ignore[arg-type]
-            else:
-                values[node] = node.target(*args, **kwargs)  # type: ignore[operator]
-    return values[nodes[-1]]  # type: ignore[return-value]
-
-
 def drop_traced_masks(gm: torch.fx.GraphModule) -> bool:
     """Rewrite dynamo's graph in place; True when an attention call changed."""
     values: dict[torch.fx.Node, torch.Tensor | None] = {}
@@ -101,7 +89,7 @@ def drop_traced_masks(gm: torch.fx.GraphModule) -> bool:
             continue
         if mask not in values:
             nodes = _closure(mask)
-            values[mask] = None if nodes is None else _evaluate(nodes)
+            values[mask] = None if nodes is None else evaluate(nodes)
         value = values[mask]
         kind = None if value is None else mask_kind(value, queries, keys)
         if kind is None:
@@ -115,8 +103,9 @@ def drop_traced_masks(gm: torch.fx.GraphModule) -> bool:
         node.args, node.kwargs = tuple(args), kwargs
         changed = True
     if changed:
-        for mask in values:
-            _erase_unused(mask)
+        for mask, value in values.items():
+            if value is not None:  # rewritten calls no longer read it
+                _erase_unused(mask)
         gm.graph.lint()
         gm.recompile()
     return changed
