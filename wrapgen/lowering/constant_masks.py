@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from collections.abc import Callable
 
 import torch
 import torch.fx
@@ -70,9 +71,10 @@ def _only_first_output_used(node: torch.fx.Node) -> bool:
     return all(user.target is operator.getitem and user.args[1] == 0 for user in node.users)
 
 
-def _closure(mask: torch.fx.Node) -> list[torch.fx.Node] | None:
-    """The nodes that compute `mask`, in graph order, when they read no input or constant and are
-    pure, deterministic and of static sizes; else None."""
+def pure_closure(mask: torch.fx.Node, pure: Callable[[torch.fx.Node], bool], meta_key: str) -> list[torch.fx.Node] | None:
+    """The nodes that compute `mask`, in graph order, when every one is `pure` (so none reads an
+    input or a constant) and has a tensor value of static sizes in `node.meta[meta_key]`, of at
+    most EVALUATION_LIMIT elements; else None."""
     seen: set[torch.fx.Node] = set()
     stack = [mask]
     while stack:
@@ -80,21 +82,28 @@ def _closure(mask: torch.fx.Node) -> list[torch.fx.Node] | None:
         if node in seen:
             continue
         seen.add(node)
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        value = node.meta.get(meta_key)
+        if not pure(node) or not isinstance(value, torch.Tensor):
             return None
-        op = node.target
-        if op._schema.is_mutable or op._schema.name in _UNINITIALIZED or torch.Tag.nondeterministic_seeded in op.tags:
-            return None
-        value = node.meta.get("val")
-        if not isinstance(value, torch.Tensor) or not all(isinstance(s, int) for s in value.shape):
-            return None
-        if value.numel() > EVALUATION_LIMIT:
+        if not all(isinstance(s, int) for s in value.shape) or value.numel() > EVALUATION_LIMIT:
             return None
         leaves = pytree.tree_leaves((node.args, node.kwargs))
         if any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)) for v in leaves):
             return None
         stack.extend(node.all_input_nodes)
     return [n for n in mask.graph.nodes if n in seen]
+
+
+def _pure_op(node: torch.fx.Node) -> bool:
+    """An ATen op that neither writes, nor draws random numbers, nor leaves memory uninitialized."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    op = node.target
+    return not (op._schema.is_mutable or op._schema.name in _UNINITIALIZED or torch.Tag.nondeterministic_seeded in op.tags)
+
+
+def _closure(mask: torch.fx.Node) -> list[torch.fx.Node] | None:
+    return pure_closure(mask, _pure_op, "val")
 
 
 def evaluate(nodes: list[torch.fx.Node]) -> torch.Tensor | None:
@@ -161,16 +170,7 @@ def drop_constant_masks(captured: CapturedGraph) -> CapturedGraph:
         if not isinstance(mask, torch.fx.Node) or _argument(node, causal_name)[0]:
             continue
         query, key = (node.args[0].meta.get("val"), node.args[1].meta.get("val"))  # type: ignore[union-attr]
-        if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor):
-            continue
-        queries, keys = query.shape[-2], key.shape[-2]
-        if not isinstance(queries, int) or not isinstance(keys, int):
-            continue
-        if mask not in values:
-            nodes = _closure(mask)
-            values[mask] = None if nodes is None else evaluate(nodes)
-        value = values[mask]
-        kind = None if value is None else mask_kind(value, queries, keys)
+        kind = constant_kind(mask, query, key, _closure, values)
         if kind is None:
             continue
         _set_argument(node, mask_name, None)
@@ -179,27 +179,48 @@ def drop_constant_masks(captured: CapturedGraph) -> CapturedGraph:
         changed = True
     if not changed:
         return captured
-    for mask, value in reversed(list(values.items())):
-        if value is not None:  # rewritten calls no longer read it
-            _erase_unused(mask)
+    erase_evaluated(values, _removable)
     graph.lint()
     return dataclasses.replace(captured, graph_module=graph_module(gm, graph))
 
 
-def _erase_unused(node: torch.fx.Node) -> None:
-    """Erase `node`, then its inputs as they lose their last user (all pure: see _closure). A
-    metadata assertion the traced values already prove (dropped by lowering anyway) does not
-    keep a value alive."""
-    stack = [node]
+def constant_kind(mask: torch.fx.Node, query: object, key: object,
+                  closure: Callable[[torch.fx.Node], list[torch.fx.Node] | None],
+                  values: dict[torch.fx.Node, torch.Tensor | None]) -> str | None:
+    """`mask_kind` of `mask` for attention of these query and key values (fake or example
+    tensors), or None where the sizes are not static or `closure` finds the mask not constant.
+    `values` keeps each mask's value (None: not constant) for the other calls that share it."""
+    if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor):
+        return None
+    queries, keys = query.shape[-2], key.shape[-2]
+    if not isinstance(queries, int) or not isinstance(keys, int):
+        return None
+    if mask not in values:
+        nodes = closure(mask)
+        values[mask] = None if nodes is None else evaluate(nodes)
+    value = values[mask]
+    return None if value is None else mask_kind(value, queries, keys)
+
+
+def erase_evaluated(values: dict[torch.fx.Node, torch.Tensor | None],
+                    removable: Callable[[torch.fx.Node], bool]) -> None:
+    """Erase each evaluated mask (the calls that read it no longer do), then its inputs as they
+    lose their last user. `removable(user)` says which users do not keep a value alive."""
+    stack = [mask for mask, value in values.items() if value is not None]
     while stack:
         current = stack.pop()
-        if getattr(current, "_erased", False) or current.op != "call_function":
+        if getattr(current, "_erased", False) or current.op not in ("call_function", "call_method"):
             continue
-        checks = [user for user in current.users if holds_statically(user)]
-        if len(checks) != len(current.users):
+        ignored = [user for user in current.users if removable(user)]
+        if len(ignored) != len(current.users):
             continue
-        for check in checks:
-            current.graph.erase_node(check)
+        for user in ignored:
+            current.graph.erase_node(user)
         inputs = current.all_input_nodes
         current.graph.erase_node(current)
         stack.extend(inputs)
+
+
+def _removable(user: torch.fx.Node) -> bool:
+    """A metadata assertion the traced values already prove (lowering drops it anyway)."""
+    return holds_statically(user)

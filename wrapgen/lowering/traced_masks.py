@@ -15,9 +15,8 @@ import operator
 
 import torch
 import torch.fx
-from torch.utils import _pytree as pytree
 
-from wrapgen.lowering.constant_masks import EVALUATION_LIMIT, evaluate, mask_kind
+from wrapgen.lowering.constant_masks import constant_kind, erase_evaluated, pure_closure
 
 _ATTENTION = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
 _PURE_FUNCTIONS = frozenset({
@@ -51,25 +50,7 @@ def _pure(node: torch.fx.Node) -> bool:
 
 
 def _closure(mask: torch.fx.Node) -> list[torch.fx.Node] | None:
-    """The nodes computing `mask`, in graph order, when all are pure, read nothing from outside
-    the graph and have static sizes; else None."""
-    seen: set[torch.fx.Node] = set()
-    stack = [mask]
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        value = node.meta.get("example_value")
-        if not _pure(node) or not isinstance(value, torch.Tensor):
-            return None
-        if not all(isinstance(s, int) for s in value.shape) or value.numel() > EVALUATION_LIMIT:
-            return None
-        leaves = pytree.tree_leaves((node.args, node.kwargs))
-        if any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)) for v in leaves):
-            return None
-        stack.extend(node.all_input_nodes)
-    return [n for n in mask.graph.nodes if n in seen]
+    return pure_closure(mask, _pure, "example_value")
 
 
 def drop_traced_masks(gm: torch.fx.GraphModule) -> bool:
@@ -80,18 +61,10 @@ def drop_traced_masks(gm: torch.fx.GraphModule) -> bool:
         if node.op != "call_function" or node.target not in _ATTENTION or len(node.args) < 3:
             continue
         mask, causal = _mask_argument(node)
+        if not isinstance(mask, torch.fx.Node) or causal:
+            continue
         query, key = (a.meta.get("example_value") if isinstance(a, torch.fx.Node) else None for a in node.args[:2])
-        if not isinstance(mask, torch.fx.Node) or causal or not isinstance(query, torch.Tensor) \
-                or not isinstance(key, torch.Tensor):
-            continue
-        queries, keys = query.shape[-2], key.shape[-2]
-        if not isinstance(queries, int) or not isinstance(keys, int):
-            continue
-        if mask not in values:
-            nodes = _closure(mask)
-            values[mask] = None if nodes is None else evaluate(nodes)
-        value = values[mask]
-        kind = None if value is None else mask_kind(value, queries, keys)
+        kind = constant_kind(mask, query, key, _closure, values)
         if kind is None:
             continue
         args, kwargs = list(node.args[:3]), dict(node.kwargs)  # positional mask and flags become keywords
@@ -103,20 +76,7 @@ def drop_traced_masks(gm: torch.fx.GraphModule) -> bool:
         node.args, node.kwargs = tuple(args), kwargs
         changed = True
     if changed:
-        for mask, value in values.items():
-            if value is not None:  # rewritten calls no longer read it
-                _erase_unused(mask)
+        erase_evaluated(values, lambda user: False)
         gm.graph.lint()
         gm.recompile()
     return changed
-
-
-def _erase_unused(node: torch.fx.Node) -> None:
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if getattr(current, "_erased", False) or current.users or not _pure(current):
-            continue
-        inputs = current.all_input_nodes
-        current.graph.erase_node(current)
-        stack.extend(inputs)
