@@ -154,8 +154,7 @@ def drop_constant_masks(captured: CapturedGraph) -> CapturedGraph:
     """`captured` with constant attention masks dropped or turned into `is_causal` (on a copy of
     the graph: the caller's graph module is never changed), or `captured` itself."""
     gm = captured.graph_module
-    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in ATTENTION_OPS]
-    if not calls:
+    if not any(n.op == "call_function" and n.target in ATTENTION_OPS for n in gm.graph.nodes):
         return captured
     graph = torch.fx.Graph()
     output = graph.graph_copy(gm.graph, {})
@@ -179,7 +178,7 @@ def drop_constant_masks(captured: CapturedGraph) -> CapturedGraph:
         changed = True
     if not changed:
         return captured
-    erase_evaluated(values, _removable)
+    erase_evaluated(values, holds_statically)  # a metadata check lowering drops keeps nothing alive
     graph.lint()
     return dataclasses.replace(captured, graph_module=graph_module(gm, graph))
 
@@ -220,7 +219,3 @@ def erase_evaluated(values: dict[torch.fx.Node, torch.Tensor | None],
         current.graph.erase_node(current)
         stack.extend(inputs)
 
-
-def _removable(user: torch.fx.Node) -> bool:
-    """A metadata assertion the traced values already prove (lowering drops it anyway)."""
-    return holds_statically(user)
