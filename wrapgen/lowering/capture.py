@@ -6,6 +6,7 @@ an ATen `fx.GraphModule` (as aot_autograd produces) is taken as it is.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +59,22 @@ def graph_module(root: torch.nn.Module, graph: torch.fx.Graph) -> torch.fx.Graph
     Python code (a whole-model codegen plus `compile`) is only generated if the module is run."""
     with _use_lazy_graph_module(True):
         return _make_graph_module(root, graph)
+
+
+def with_graph(captured: CapturedGraph, graph: torch.fx.Graph) -> CapturedGraph:
+    """`captured` running `graph` (a rewritten copy of its graph), with its placeholder names as
+    the copy has them: fx renames a copied placeholder whose name shadows a builtin
+    (nn.Sequential's `input` becomes `input_1`)."""
+    module = graph_module(captured.graph_module, graph)
+    old = captured.graph_module.graph.find_nodes(op="placeholder")
+    names = {b.name: a.name for b, a in zip(old, graph.find_nodes(op="placeholder")) if b.name != a.name}
+    return dataclasses.replace(
+        captured,
+        graph_module=module,
+        inputs=[names.get(n, n) for n in captured.inputs],
+        constants={names.get(k, k): v for k, v in captured.constants.items()},
+        mutations={i: names.get(n, n) for i, n in captured.mutations.items()},
+    )
 
 
 def is_aten_graph(gm: torch.fx.GraphModule) -> bool:

@@ -16,7 +16,6 @@ under torch.compile lose their masks earlier, on dynamo's graph (`traced_masks`)
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 from collections.abc import Callable
 
@@ -24,7 +23,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from wrapgen.lowering.capture import CapturedGraph, graph_module
+from wrapgen.lowering.capture import CapturedGraph, with_graph
 from wrapgen.lowering.kernel_lowering import holds_statically
 
 aten = torch.ops.aten
@@ -180,7 +179,7 @@ def drop_constant_masks(captured: CapturedGraph) -> CapturedGraph:
         return captured
     erase_evaluated(values, holds_statically)  # a metadata check lowering drops keeps nothing alive
     graph.lint()
-    return dataclasses.replace(captured, graph_module=graph_module(gm, graph))
+    return with_graph(captured, graph)
 
 
 def constant_kind(mask: torch.fx.Node, query: object, key: object,

@@ -24,14 +24,12 @@ saves most activations) are left alone: the copies would cost more than the tran
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.fx
 from torch._guards import detect_fake_mode
 
 from wrapgen import config
-from wrapgen.lowering.capture import CapturedGraph, graph_module
+from wrapgen.lowering.capture import CapturedGraph, with_graph
 
 # Devices on which the rewrite runs. CPU is left out: on the small ResNet config the per-call
 # weight copies cost more than mkldnn's transposes save (benchmarks/conv_layout_ab.py, README).
@@ -101,25 +99,7 @@ def channels_last_convolutions(captured: CapturedGraph, devices: frozenset[str] 
         return captured
     if not pays(len(convs), restores):
         return captured
-    module = graph_module(captured.graph_module, rewritten)
-    return _renamed(dataclasses.replace(captured, graph_module=module), graph, rewritten)
-
-
-def _renamed(captured: CapturedGraph, old: torch.fx.Graph, new: torch.fx.Graph) -> CapturedGraph:
-    """`captured` with its placeholder names as the new graph has them: fx renames a copied
-    placeholder whose name shadows a builtin (nn.Sequential's `input` becomes `input_1`)."""
-    names = {}
-    for before, after in zip(old.find_nodes(op="placeholder"), new.find_nodes(op="placeholder")):
-        if before.name != after.name:
-            names[before.name] = after.name
-    if not names:
-        return captured
-    return dataclasses.replace(
-        captured,
-        inputs=[names.get(n, n) for n in captured.inputs],
-        constants={names.get(k, k): v for k, v in captured.constants.items()},
-        mutations={i: names.get(n, n) for i, n in captured.mutations.items()},
-    )
+    return with_graph(captured, rewritten)
 
 
 def pays(convs: int, restores: int) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from wrapgen import config
 from wrapgen.lowering.attention_masks import float_attention_masks
+from wrapgen.lowering.broadcast_bmm import fold_broadcast_bmm
 from wrapgen.lowering.capture import CapturedGraph
 from wrapgen.lowering.constant_masks import drop_constant_masks
 from wrapgen.lowering.conv_layout import channels_last_convolutions
@@ -19,6 +20,7 @@ from wrapgen.wrapper_ir.program import Program
 def lower_captured(captured: CapturedGraph, name: str = "forward") -> Program:
     """Lower with generated kernels when `config.kernels` is on, else to library calls only."""
     captured = channels_last_convolutions(captured)  # config.layout_optimization: NHWC convolutions
+    captured = fold_broadcast_bmm(captured)  # bmm against one broadcast matrix: one mm
     if config.constant_masks:  # masks that mask nothing, or exactly the causal mask
         captured = drop_constant_masks(captured)
     if config.kernels:
