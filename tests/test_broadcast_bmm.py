@@ -122,3 +122,15 @@ def test_cuda_multihead_attention(dtype: torch.dtype):
     model = AttentionBlock(128, 4).cuda().to(dtype).eval()
     tolerance = {} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 3e-2}
     check_every_target(model, lambda: torch.randn(4, 197, 128, device="cuda", dtype=dtype), **tolerance)
+
+
+def test_an_input_named_like_a_builtin_keeps_its_binding():
+    # The pass copies the graph, and fx renames a copied placeholder that shadows a builtin
+    # (`input` becomes `input_1`): the program must still bind the caller's argument to it.
+    class Named(BroadcastProduct):
+        def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - the name under test
+            return torch.bmm(input, self.weight.expand(input.shape[0], *self.weight.shape))
+
+    model = Named(False).eval()
+    assert "aten::mm.out" in extern_ops(model, (torch.randn(6, 5, 96),))
+    check_every_target(model, lambda: torch.randn(6, 5, 96))
