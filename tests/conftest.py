@@ -14,6 +14,22 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import wrapgen
+import wrapgen.dynamo
+
+
+def _register_dynamo_backend() -> None:
+    """`backend="wrapgen"` comes from the package's entry point; a checkout on PYTHONPATH (the GPU
+    host runs the suite that way) has none, so the tests register the backend themselves."""
+    from torch._dynamo.backends.registry import lookup_backend, register_backend
+    from torch._dynamo.exc import InvalidBackend
+
+    try:
+        lookup_backend("wrapgen")
+    except InvalidBackend:
+        register_backend(name="wrapgen")(wrapgen.dynamo.wrapgen_backend)
+
+
+_register_dynamo_backend()
 
 
 @pytest.fixture(scope="session", autouse=True)

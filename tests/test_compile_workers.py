@@ -131,6 +131,29 @@ def test_worker_errors_and_deaths_come_back_as_outcomes(tmp_path: Path) -> None:
     assert workers and all(w.process.poll() is not None for w in workers)  # stopped, not left running
 
 
+def test_one_worker_compiles_into_whichever_cache_the_parent_reads(tmp_path: Path, monkeypatch) -> None:
+    """A new TRITON_CACHE_DIR between compiles (a benchmark's cold compile does this every
+    round) reaches the running worker with the next request: no restart (seconds of importing
+    torch and Triton), and each compile lands in the cache the parent reads at the time."""
+    seen = tmp_path / "seen.txt"
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(f"import os\nopen({str(seen)!r}, 'a').write(os.environ['TRITON_CACHE_DIR'] + '\\n')\n"
+                      + KERNEL)
+    pool = CompilePool(max_workers=1)
+    try:
+        caches = [tmp_path / "first", tmp_path / "second"]
+        pids = []
+        for cache in caches:
+            monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+            (outcome,) = pool.run([_request(kernel)])
+            assert outcome.error is None, outcome.error
+            pids.append(list(pool.served()))
+    finally:
+        pool.close()
+    assert pids[0] == pids[1] and len(pids[0]) == 1  # the same worker served both
+    assert seen.read_text().split() == [str(c) for c in caches]
+
+
 def test_workers_are_used_from_the_configured_number_of_new_kernels() -> None:
     with wrapgen.config.patch(triton_compile_workers_min=None):
         cold = runtime.STARTED_MIN if worker_pool.compile_pool().started() else runtime.PARALLEL_MIN

@@ -163,11 +163,11 @@ def _workspace_bytes() -> int:
 
 def test_graph_programs_and_the_tuner_keep_at_most_one_cublas_workspace(tmp_path):
     """A python and a cpp program with graphs, and the GEMM tuner measuring their misaligned
-    product (1001 columns of float32), keep one cuBLAS workspace (32 MiB on Hopper) in use
+    product (1001 columns of bfloat16), keep one cuBLAS workspace (32 MiB on Hopper) in use
     afterwards, not one per stream: the python program's lies in its graph pool, free between
     replays; the tuner's is freed; the cpp program keeps the one of the stream it records on."""
-    model = torch.nn.Sequential(torch.nn.Linear(768, 1001), torch.nn.Tanh()).cuda().eval()
-    x = torch.randn(8, 768, device="cuda")
+    model = torch.nn.Sequential(torch.nn.Linear(768, 1001), torch.nn.Tanh()).cuda().eval().bfloat16()
+    x = torch.randn(8, 768, device="cuda", dtype=torch.bfloat16)
     workspace = _workspace_bytes()
     base = torch.cuda.memory_allocated()
     results = []
@@ -183,7 +183,7 @@ def test_graph_programs_and_the_tuner_keep_at_most_one_cublas_workspace(tmp_path
     with torch.no_grad():
         expected = model(x)
     for result in results:
-        torch.testing.assert_close(result, expected, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(result, expected, rtol=2e-2, atol=2e-2)
 
 
 def _pointwise_chain(t):

@@ -206,6 +206,43 @@ def test_misaligned_products_are_the_ones_with_an_unaligned_leading_dimension():
     assert not misaligned(parts(((1, 8), (5, 1)), ((8, 4), (4, 1)), ((1, 4), (4, 1)), torch.float32))
 
 
+def test_unaligned_products_are_measured_where_a_template_dot_uses_the_tensor_cores():
+    """Without max_autotune only half precision (or float32 with TF32 allowed) is worth compiling
+    templates for: at IEEE float32 the library beat every template on GPT-2's LM head."""
+    from wrapgen.lowering.gemm_templates import _worth_measuring_unaligned
+
+    def parts(dtype, m=2048):
+        layouts = {"a": ((m, 768), (768, 1), dtype), "b": ((768, 50257), (1, 768), dtype),
+                   "out": ((m, 50257), (50257, 1), dtype)}
+        return {"a": ("a", dtype), "b": ("b", dtype), "out": ("out", dtype), "layouts": layouts,
+                "batch": 1, "m": m, "n": 50257, "k": 768}
+
+    matmul, saved = torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32
+    try:
+        matmul.allow_tf32 = False
+        assert _worth_measuring_unaligned(parts(torch.bfloat16)) and _worth_measuring_unaligned(parts(torch.float16))
+        assert not _worth_measuring_unaligned(parts(torch.float32))
+        assert not _worth_measuring_unaligned(parts(torch.bfloat16, m=1))  # too small to matter
+        matmul.allow_tf32 = True
+        assert _worth_measuring_unaligned(parts(torch.float32))
+    finally:
+        matmul.allow_tf32 = saved
+
+
+def test_the_shortlist_is_a_few_of_the_full_set_of_configurations():
+    """A misaligned product without max_autotune compiles three configurations, not eight: they
+    compile in parallel, and the slowest of eight set a third of GPT-2's cold compile."""
+    from wrapgen.kernels.templates.problem import GemmProblem, Operand
+
+    def problem(m, n):
+        op = lambda name: Operand(name, torch.bfloat16, (0, 1, 1))  # noqa: E731
+        return GemmProblem("mm", 1, m, n, 768, op("a"), op("b"), op("out"), device="cuda")
+
+    for m, n in ((2048, 50257), (32, 50257)):
+        full, short = triton_gemm.triton_configs(problem(m, n)), triton_gemm.triton_configs(problem(m, n), True)
+        assert 1 <= len(short) <= 3 < len(full) and set(short) <= set(full)
+
+
 def test_misaligned_products_on_the_cpu_stay_library_calls_without_max_autotune():
     fn, args = (lambda a, b: a @ b), (torch.randn(256, 250), torch.randn(250, 257))
     with wrapgen.config.patch(max_autotune=False):
@@ -299,7 +336,7 @@ interpreter = pytest.mark.skipif(not (compat.available() and compat.interpreting
 @interpreter
 @pytest.mark.parametrize("case", ["addmm_gelu_residual", "bmm_cast_bf16", "swiglu_3d"])
 def test_triton_template_in_interpreter(case, monkeypatch):
-    monkeypatch.setattr(triton_gemm, "triton_configs", lambda problem: [triton_gemm.TritonGemmConfig(16, 16, 16, 1, 1, 2)])
+    monkeypatch.setattr(triton_gemm, "triton_configs", lambda problem, shortlist=False: [triton_gemm.TritonGemmConfig(16, 16, 16, 1, 1, 2)])
     if case == "addmm_gelu_residual":
         fn = lambda x, w, b, r: F.gelu(F.linear(x, w, b)) + r  # noqa: E731
         args = (torch.randn(20, 24), torch.randn(36, 24), torch.randn(36), torch.randn(20, 36))

@@ -4,8 +4,9 @@ Runs on the lowered lines before kernels are placed (`KernelGraphLowering.finish
 `max_autotune` every `aten::mm/addmm/bmm.out` call of static sizes is a candidate; without it,
 on CUDA (`misaligned_gemm_templates`), only the products cuBLAS serves with its unaligned
 kernels: a leading dimension that is not a multiple of 16 bytes (GPT-2's vocabulary of 50257
-makes its LM head 3-6x slower than a Triton tile that stores under a mask). For each
-candidate it finds the pointwise fusion group that is
+makes its LM head 3-6x slower than a Triton tile that stores under a mask), in half precision
+(or float32 with TF32 allowed), measured against a shortlist of three template configurations.
+For each candidate it finds the pointwise fusion group that is
 the product's only reader, reading it at the very element the product holds (bias, GELU,
 residual add, scaling, a cast: the epilogue). The tuner (`kernels.templates`) measures the
 library call against template instances with that epilogue; when a template wins, the call
@@ -42,12 +43,13 @@ def apply_gemm_templates(lowering, lines: list[WrapperLine], pending_type: type)
     if not (tune_all or misaligned_only):
         return lines
     backends = None if tune_all else "aten,template"  # the library call is always measured too
+    shortlist = not tune_all  # a misaligned product only: the few configurations that win, not all
     types = _types_with_fixed_layouts(lowering)
     products = []
     for line in lines:
         if isinstance(line, ExternKernel) and line.op in GEMM_OPS:
             parts = _problem(line, types, lowering.device)
-            if parts is not None and (tune_all or (misaligned(parts) and _macs(parts) >= MISALIGNED_MIN_MACS)):
+            if parts is not None and (tune_all or _worth_measuring_unaligned(parts)):
                 products.append((line, parts))
     if not products:
         return lines
@@ -59,18 +61,18 @@ def apply_gemm_templates(lowering, lines: list[WrapperLine], pending_type: type)
     # The epilogues as the lines stand now (a rewrite below can take a later product's readers,
     # which then compiled for nothing): every product's candidates compile in one batch.
     precompile([(_epilogue_problem(extern, parts, lines, groups, lowering, pending_type, types)[0], name)
-                for (extern, parts), name in zip(products, names)], lowering.language, backends)
+                for (extern, parts), name in zip(products, names)], lowering.language, backends, shortlist)
     definitions: list[WrapperLine] = []
     shared: dict[tuple, str] = {}  # products of the same code (a chain of identical layers) share a kernel
     for (extern, problem_parts), name in zip(products, names):
         index = lines.index(extern)
         problem, group = _epilogue_problem(extern, problem_parts, lines, groups, lowering, pending_type, types)
         try:
-            selection = select_gemm(problem, lowering.language, name, backends)
+            selection = select_gemm(problem, lowering.language, name, backends, shortlist)
         except NotImplementedError:  # an epilogue the template cannot render: the product alone
             group = None
             problem = _make_problem(problem_parts, None, frozenset(), lowering, types)
-            selection = select_gemm(problem, lowering.language, name, backends)
+            selection = select_gemm(problem, lowering.language, name, backends, shortlist)
         if selection.kernel is None:
             lines.insert(index, Comment(selection.summary))
             continue
@@ -105,6 +107,19 @@ def misaligned(parts: dict) -> bool:
         if any(st % width for size, st in zip(sizes, strides) if size > 1 and st != 1):
             return True
     return False
+
+
+def _worth_measuring_unaligned(parts: dict) -> bool:
+    """Without max_autotune: a misaligned product large enough to matter, in a dtype whose
+    template dot runs on the tensor cores (half precision, or float32 where TF32 is allowed).
+    A float32 dot at IEEE precision runs at a fraction of cuBLAS's rate even against its
+    unaligned kernels: on GPT-2's four LM-head products the library won every time, so
+    compiling templates for them only lengthened the compile (benchmarks/results/
+    gemm-shortlist-cuda-2026-11-26-H200.md)."""
+    dtype = parts["a"][1]
+    tensor_cores = dtype in (torch.bfloat16, torch.float16) or (
+        dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32)
+    return tensor_cores and misaligned(parts) and _macs(parts) >= MISALIGNED_MIN_MACS
 
 
 def _macs(parts: dict) -> int:

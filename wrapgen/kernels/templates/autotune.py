@@ -46,11 +46,13 @@ class Selection:
     summary: str  # one line: the candidates and their times, the choice marked
 
 
-def select_gemm(problem: GemmProblem, language: str, name: str, backends: str | None = None) -> Selection:
+def select_gemm(problem: GemmProblem, language: str, name: str, backends: str | None = None,
+                shortlist: bool = False) -> Selection:
     """The fastest implementation of `problem` (a template instance named `name`, or the library),
-    among `backends` (default: `config.max_autotune_gemm_backends`)."""
+    among `backends` (default: `config.max_autotune_gemm_backends`); `shortlist`: only the
+    template configurations that won on measured products (cheaper to compile)."""
     backends = backends or config.max_autotune_gemm_backends
-    candidates = _candidates(problem, language, name, backends)
+    candidates = _candidates(problem, language, name, backends, shortlist)
     if "aten" in backends.split(","):
         candidates.insert(0, Candidate(ATEN, None))
     if not candidates:
@@ -79,7 +81,8 @@ def select_gemm(problem: GemmProblem, language: str, name: str, backends: str | 
     return Selection(choice, winner.kernel, summary)
 
 
-def _candidates(problem: GemmProblem, language: str, name: str, backends: str) -> list[Candidate]:
+def _candidates(problem: GemmProblem, language: str, name: str, backends: str,
+                shortlist: bool = False) -> list[Candidate]:
     if "template" not in backends.split(","):
         return []
     out = []
@@ -91,12 +94,13 @@ def _candidates(problem: GemmProblem, language: str, name: str, backends: str) -
     elif language == "triton":
         from wrapgen.kernels.templates.triton_gemm import triton_configs, triton_gemm_source
 
-        for i, cfg in enumerate(triton_configs(problem)):
+        for i, cfg in enumerate(triton_configs(problem, shortlist)):
             out.append(Candidate(cfg.tag, triton_gemm_source(problem, cfg, f"{name}_c{i}")))
     return out
 
 
-def precompile(requests: list[tuple[GemmProblem, str]], language: str, backends: str | None = None) -> int:
+def precompile(requests: list[tuple[GemmProblem, str]], language: str, backends: str | None = None,
+               shortlist: bool = False) -> int:
     """Compile the Triton candidates of a program's products (`(problem, name)` as `select_gemm`
     will get them) in one batch across the compile workers, before they are measured one by
     one: products compiled in turn each wait for a few compiles while most workers idle.
@@ -111,7 +115,7 @@ def precompile(requests: list[tuple[GemmProblem, str]], language: str, backends:
     seen: set[str] = set()
     for problem, name in requests:
         try:
-            candidates = _candidates(problem, language, name, backends)
+            candidates = _candidates(problem, language, name, backends, shortlist)
         except NotImplementedError:  # an epilogue the template cannot render: left to select_gemm's caller
             continue
         everyone = ([Candidate(ATEN, None)] if "aten" in backends.split(",") else []) + candidates

@@ -44,16 +44,25 @@ class TritonGemmConfig:
 _HALF_CONFIGS = [(128, 256, 64, 3, 8), (256, 128, 64, 3, 8), (128, 128, 64, 4, 8), (128, 128, 32, 4, 4),
                  (64, 256, 32, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 64, 64, 3, 4)]
 _FLOAT_CONFIGS = [(128, 128, 32, 3, 8), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (64, 64, 32, 4, 4)]
+# The shortlist measured for a misaligned product without max_autotune: the configurations that
+# won or came within 5-20% on GPT-2's LM-head products (forward at 32 and 2048 rows, both
+# backward products; benchmarks/results/gemm-shortlist-cuda-2026-11-26-H200.md). Compiling all
+# eight took 4.7 s of a 12 s cold compile (their compiles run in parallel, so the slowest one
+# sets the time: up to 3 s for a single config).
+_HALF_SHORTLIST = [(128, 256, 64, 3, 8), (128, 128, 64, 4, 8), (64, 128, 64, 4, 4)]
 
 
 def _interpreting(problem: GemmProblem) -> bool:
     return torch.device(problem.device).type == "cpu"
 
 
-def triton_configs(problem: GemmProblem) -> list[TritonGemmConfig]:
+def triton_configs(problem: GemmProblem, shortlist: bool = False) -> list[TritonGemmConfig]:
+    """The tile/stage/warp configurations to measure (`shortlist`: the few that won on measured
+    products, for a product tuned without max_autotune), tiles shrunk to the problem."""
     if _interpreting(problem):  # Triton's interpreter runs tiles in numpy: small tiles, few candidates
         return [TritonGemmConfig(16, 16, 16, 1, 1, 2), TritonGemmConfig(32, 32, 16, 1, 1, 1)]
-    table = _HALF_CONFIGS if problem.a.dtype in (torch.bfloat16, torch.float16) else _FLOAT_CONFIGS
+    half = problem.a.dtype in (torch.bfloat16, torch.float16)
+    table = (_HALF_SHORTLIST if shortlist else _HALF_CONFIGS) if half else _FLOAT_CONFIGS
     out = []
     for bm, bn, bk, stages, warps in table:
         # shrink tiles to the problem (powers of two, at least 16 for tl.dot)

@@ -183,20 +183,28 @@ def ptxas_in_use() -> str | None:
 
 def worker_environment() -> dict[str, str]:
     """The Triton settings a compile worker must share with this process, as environment
-    variables: the cache its compiles land in and the ptxas they use (the parent's compile
-    that follows must find them under the same key), and whether kernels are interpreted
-    (any of these may have been set in code, not in the env)."""
+    variables: the ptxas its compiles use (the parent's compile that follows must find them
+    under the same key) and whether kernels are interpreted (either may have been set in
+    code, not in the env). A worker keeps these for life; the cache its compiles land in
+    travels with each request instead (`worker_cache_settings`)."""
     env = {"TRITON_INTERPRET": "1" if interpreting() else "0"}
     if not interpreting() and (ptxas := ptxas_in_use()) is not None:
         env["TRITON_PTXAS_PATH"] = ptxas
+    return env
+
+
+def worker_cache_settings() -> dict[str, str]:
+    """The Triton cache this process reads now, for a worker to compile into: sent with every
+    request, so a cache directory changed between compiles (a benchmark's cold compile, a
+    `config.patch(cache_dir=...)`) does not cost a restart of every worker (seconds each)."""
     try:
         from triton import knobs
 
-        env["TRITON_CACHE_DIR"] = os.path.abspath(knobs.cache.dir)
+        return {"TRITON_CACHE_DIR": os.path.abspath(knobs.cache.dir)}
     except (ImportError, AttributeError):
         if "TRITON_CACHE_DIR" in os.environ:
-            env["TRITON_CACHE_DIR"] = os.path.abspath(os.environ["TRITON_CACHE_DIR"])
-    return env
+            return {"TRITON_CACHE_DIR": os.path.abspath(os.environ["TRITON_CACHE_DIR"])}
+        return {}
 
 
 def warm_cache_in_subprocess(source_path: str, name: str, arg_kinds: list, constexprs: dict, num_warps: int,

@@ -9,9 +9,11 @@ only wrapgen, torch and Triton; it never sees the user's script.
 
 Protocol, on the worker's stdin and stdout: length-prefixed pickles (both ends are wrapgen,
 run by the same user). The worker first sends `("ready", pid)`; then for each request
-`(key, args)` it calls `compat.warm_cache_in_subprocess(*args)` and answers `(key, None)`,
+it calls `compat.warm_cache_in_subprocess(*args)` and answers `(key, None)`,
 or `(key, traceback text)` when that raised. End of input ends the worker, so a worker
-whose parent died exits too.
+whose parent died exits too. A request is `(key, args, settings)`: `settings` are environment
+variables (the Triton cache directory) set before the compile, so one worker serves
+compiles into whichever cache the parent reads at the time.
 """
 
 from __future__ import annotations
@@ -60,10 +62,11 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> None:
     write_message(replies, ("ready", os.getpid()))
     while True:
         try:
-            key, args = read_message(requests)
+            key, args, settings = read_message(requests)
         except EOFError:
             return
         try:
+            os.environ.update(settings)
             compat.warm_cache_in_subprocess(*args)
             error = None
         except Exception:  # noqa: BLE001 - any failure goes back to the parent as text

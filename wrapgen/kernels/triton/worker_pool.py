@@ -68,7 +68,7 @@ class CompileWorker:
     """One worker process and its pipes."""
 
     def __init__(self) -> None:
-        self.environment = compat.worker_environment()  # the Triton cache its compiles land in, ...
+        self.environment = compat.worker_environment()  # the ptxas its compiles use, ...
         env = {**os.environ, **self.environment, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.process = subprocess.Popen(
             [sys.executable, "-c", _BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
@@ -85,8 +85,9 @@ class CompileWorker:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def request(self, key: str, args: tuple) -> str | None:
-        """Have the worker warm one kernel: None when it did, else its traceback text.
+    def request(self, key: str, args: tuple, settings: dict[str, str]) -> str | None:
+        """Have the worker warm one kernel into the Triton cache `settings` name: None when it
+        did, else its traceback text.
         Raises WorkerFailed (and stops the worker) when it died or did not answer in time."""
         assert self.process.stdin is not None and self.process.stdout is not None
         replies = self.process.stdout.fileno()  # read unbuffered, so nothing waits in a buffer
@@ -96,7 +97,7 @@ class CompileWorker:
                 if not (isinstance(message, tuple) and message[:1] == ("ready",)):
                     raise ValueError(f"expected its ready message, got {message!r}")
                 self._ready = True
-            write_message(self.process.stdin, (key, args))
+            write_message(self.process.stdin, (key, args, settings))
             reply = read_message(_Deadline(replies, REQUEST_TIMEOUT_S))
             if not (isinstance(reply, tuple) and len(reply) == 2 and reply[0] == key):
                 raise ValueError(f"expected the answer for {key!r}, got {reply!r:.200}")
@@ -149,7 +150,7 @@ class CompilePool:
         self.owner = os.getpid()
         self.workers: list[CompileWorker] = []
         self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[tuple[str, tuple, Future] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[str, tuple, dict[str, str], Future] | None] = queue.SimpleQueue()
         self._outstanding = 0  # submitted, not answered yet: how many workers are worth having
 
     def start(self) -> None:
@@ -169,8 +170,10 @@ class CompilePool:
         return {w.pid: w.served for w in self.workers if w.alive()}
 
     def submit(self, key: str, args: tuple) -> Future:
-        """Queue one request; the Future's result is its Outcome (never an exception)."""
+        """Queue one request, to compile into the Triton cache this process reads now; the
+        Future's result is its Outcome (never an exception)."""
         future: Future = Future()
+        settings = compat.worker_cache_settings()
         with self._lock:
             try:
                 self._ensure_workers(min(self._outstanding + 1, self.max_workers))
@@ -179,7 +182,7 @@ class CompilePool:
                     future.set_result(Outcome(key, f"could not start a Triton compile worker: {e}"))
                     return future
             self._outstanding += 1
-            self._jobs.put((key, args, future))
+            self._jobs.put((key, args, settings, future))
         return future
 
     def run(self, requests: Sequence[tuple[str, tuple]],
@@ -193,9 +196,10 @@ class CompilePool:
 
     def _ensure_workers(self, count: int) -> None:
         """At least `count` live workers (no more than max_workers), each with its driver thread.
-        Workers started under other Triton settings (TRITON_CACHE_DIR changed since, as a benchmark
-        does for a cold compile) are replaced: their compiles would warm a cache this process does
-        not read, and every kernel would then compile again here, one after another."""
+        Workers started under other Triton settings (another ptxas: torch.compile switches to its
+        own) are replaced: their kernels would be keyed differently from this process's, and every
+        kernel would then compile again here, one after another. (The cache directory is not such
+        a setting: it comes with each request.)"""
         current = compat.worker_environment()
         for worker in self.workers:
             if not worker.alive() or worker.environment != current:
@@ -214,14 +218,14 @@ class CompilePool:
             job = self._jobs.get()
             if job is None:  # the pool is closing
                 return
-            key, args, future = job
+            key, args, settings, future = job
             if worker.retired:  # replaced under other settings: a live worker takes the request
                 self._jobs.put(job)
                 self._stop_driving(worker)
                 return
             failed = True
             try:
-                outcome = Outcome(key, worker.request(key, args))
+                outcome = Outcome(key, worker.request(key, args, settings))
                 failed = False
             except WorkerFailed as e:
                 outcome = Outcome(key, str(e))
@@ -248,7 +252,7 @@ class CompilePool:
                     return
                 if job is not None:
                     self._outstanding -= 1
-                    job[2].set_result(Outcome(job[0], "no Triton compile worker was left to take it"))
+                    job[3].set_result(Outcome(job[0], "no Triton compile worker was left to take it"))
 
     def close(self) -> None:
         """Stop every worker; only the process that started them does (a fork's copy does not)."""
