@@ -186,32 +186,6 @@ def test_cuda_cpp_build_compiles_both_variants_in_workers(tmp_path) -> None:
         torch.testing.assert_close(compiled(x), fn(x))
 
 
-def test_workers_follow_a_changed_triton_cache_dir(tmp_path, monkeypatch) -> None:
-    """Workers keep the Triton cache they were started with; after TRITON_CACHE_DIR changes (a
-    benchmark's fresh cache) the pool replaces them, so their compiles land where this process
-    looks, instead of every kernel compiling again here, one after another."""
-    pytest.importorskip("triton")
-    from wrapgen.kernels.triton.worker_pool import CompilePool
-
-    kernel = tmp_path / "k_add.py"
-    kernel.write_text(KERNEL)
-    request = ("k_add", (str(kernel), "k_add", [("ptr", (torch.float32, True)), ("ptr", (torch.float32, True)),
-                                                ("int", False)], {"XBLOCK": 64}, 4, 0))
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "first"))
-    pool = CompilePool(max_workers=1)
-    try:
-        assert pool.run([request])[0].error is None
-        (first,) = pool.workers
-        assert pool.run([request])[0].error is None and pool.workers == [first]  # same settings: kept
-        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "second"))
-        assert pool.run([request])[0].error is None
-        (second,) = pool.workers
-        assert second is not first and first.process.poll() is not None
-        assert second.environment["TRITON_CACHE_DIR"] == str(tmp_path / "second")
-    finally:
-        pool.close()
-
-
 @pytest.mark.parametrize("target", ["python", "cpp"])
 def test_kernel_prelude_is_precompiled_for_builds_of_many_new_kernels(tmp_path, monkeypatch, target) -> None:
     """A build of enough new C++ kernels precompiles the prelude first and its kernels include

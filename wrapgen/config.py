@@ -171,6 +171,14 @@ OPTIONS: dict[str, Option] = {
             "attention masks that read no input and no weight are evaluated at compile time: one that masks "
             "nothing is dropped, the square causal mask becomes is_causal=True (off: every mask reaches attention)",
         ),
+        Option(
+            "bias_in_kernels",
+            bool,
+            True,
+            "WRAPGEN_BIAS_IN_KERNELS",
+            "on CUDA with generated kernels, a linear layer's addmm whose result only pointwise ops read runs as "
+            "mm, its bias added by the kernel that reads the product (cuBLASLt's bias epilogue picks slower tiles)",
+        ),
     )
 }
 
@@ -193,6 +201,7 @@ misaligned_gemm_templates: bool = OPTIONS["misaligned_gemm_templates"].parse_env
 multi_kernel: bool = OPTIONS["multi_kernel"].parse_env()
 layout_optimization: bool = OPTIONS["layout_optimization"].parse_env()
 constant_masks: bool = OPTIONS["constant_masks"].parse_env()
+bias_in_kernels: bool = OPTIONS["bias_in_kernels"].parse_env()
 
 _module = sys.modules[__name__]
 

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import torch
 import torch.fx
-from torch._guards import detect_fake_mode
 
-from wrapgen.lowering.capture import CapturedGraph, with_graph
+from wrapgen.lowering.capture import CapturedGraph, fake_value, graph_fake_mode, with_graph
 
 aten = torch.ops.aten
 
@@ -33,8 +32,7 @@ def fold_broadcast_bmm(captured: CapturedGraph) -> CapturedGraph:
         return captured
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
-    values = [n.meta.get("val") for n in graph.nodes if n.op in ("placeholder", "get_attr")]
-    fake_mode = detect_fake_mode([v for v in values if isinstance(v, torch.Tensor)])
+    fake_mode = graph_fake_mode(graph)
     if fake_mode is None:
         return captured
     changed = False
@@ -84,12 +82,11 @@ def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node, order: str, fake_mode) 
 
     def call(target: object, *args: object, **kwargs: object) -> torch.fx.Node:
         new = graph.create_node("call_function", target, args, kwargs, name=f"{node.name}_folded")
-        new.meta["val"] = target(*torch.fx.map_arg(args, lambda n: n.meta["val"]),  # type: ignore[operator]
-                                 **torch.fx.map_arg(kwargs, lambda n: n.meta["val"]))
         added.append(new)
+        new.meta["val"] = fake_value(new, fake_mode)
         return new
 
-    with graph.inserting_before(node), fake_mode:
+    with graph.inserting_before(node):
         try:
             matrix = call(aten.select.int, b, 0, 0)
             if order == "batch":

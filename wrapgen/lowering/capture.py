@@ -77,6 +77,24 @@ def with_graph(captured: CapturedGraph, graph: torch.fx.Graph) -> CapturedGraph:
     )
 
 
+def graph_fake_mode(graph: torch.fx.Graph):
+    """The fake mode a captured graph's values live in (found from its inputs' values), for a
+    rewriting pass to compute its new nodes' values in; None when the graph has none."""
+    from torch._guards import detect_fake_mode
+
+    values = [n.meta.get("val") for n in graph.nodes if n.op in ("placeholder", "get_attr")]
+    return detect_fake_mode([v for v in values if isinstance(v, torch.Tensor)])
+
+
+def fake_value(node: torch.fx.Node, fake_mode) -> object:
+    """What `node` computes, from its inputs' fake values, under `fake_mode`: the `val` a node a
+    rewriting pass adds must carry (sizes, strides and dtype, as the op itself gives them)."""
+    args = torch.fx.map_arg(node.args, lambda n: n.meta["val"])
+    kwargs = torch.fx.map_arg(node.kwargs, lambda n: n.meta["val"])
+    with fake_mode:
+        return node.target(*args, **kwargs)  # type: ignore[operator]
+
+
 def is_aten_graph(gm: torch.fx.GraphModule) -> bool:
     """True when every call in the graph is already an ATen overload (or getitem / symbolic int math)."""
     for node in gm.graph.nodes:

@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import torch
 import torch.fx
-from torch._guards import detect_fake_mode
 
 from wrapgen import config
-from wrapgen.lowering.capture import CapturedGraph, with_graph
+from wrapgen.lowering.capture import CapturedGraph, fake_value, graph_fake_mode, with_graph
 
 # Devices on which the rewrite runs. CPU is left out: on the small ResNet config the per-call
 # weight copies cost more than mkldnn's transposes save (benchmarks/conv_layout_ab.py, README).
@@ -133,8 +132,7 @@ class _Rewriter:
         self.channels_last: dict[torch.fx.Node, torch.fx.Node] = {}
         self.restored: dict[torch.fx.Node, torch.fx.Node] = {}
         self.restores = 0
-        values = [n.meta.get("val") for n in graph.nodes if n.op in ("placeholder", "get_attr")]
-        self.fake_mode = detect_fake_mode([v for v in values if isinstance(v, torch.Tensor)])
+        self.fake_mode = graph_fake_mode(graph)
         if self.fake_mode is None:
             raise _Abort("no fake tensors to trace with")
 
@@ -249,10 +247,7 @@ class _Rewriter:
         return node
 
     def _trace(self, node: torch.fx.Node) -> object:
-        args = torch.fx.map_arg(node.args, lambda n: n.meta["val"])
-        kwargs = torch.fx.map_arg(node.kwargs, lambda n: n.meta["val"])
-        with self.fake_mode:
-            return node.target(*args, **kwargs)  # type: ignore[operator]
+        return fake_value(node, self.fake_mode)
 
     # -- op kinds ------------------------------------------------------------------------------
     @staticmethod

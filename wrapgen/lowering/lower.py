@@ -7,6 +7,7 @@ about `kernel_lowering` (its subclass that generates fused kernels).
 from __future__ import annotations
 
 from wrapgen import config
+from wrapgen.lowering.addmm_bias import bias_into_readers
 from wrapgen.lowering.attention_masks import float_attention_masks
 from wrapgen.lowering.broadcast_bmm import fold_broadcast_bmm
 from wrapgen.lowering.capture import CapturedGraph
@@ -24,6 +25,9 @@ def lower_captured(captured: CapturedGraph, name: str = "forward") -> Program:
     if config.constant_masks:  # masks that mask nothing, or exactly the causal mask
         captured = drop_constant_masks(captured)
     if config.kernels:
-        # Only with kernels: the mask conversion pays off when it fuses into a generated kernel.
+        # Only with kernels: the mask conversion and the bias add pay off when they fuse into a
+        # generated kernel.
+        if config.bias_in_kernels:
+            captured = bias_into_readers(captured)  # CUDA addmm read only by pointwise ops: mm + add
         return KernelGraphLowering(float_attention_masks(captured), name).lower()
     return GraphLowering(captured, name).lower()
