@@ -44,9 +44,11 @@ class TritonGemmConfig:
 _HALF_CONFIGS = [(128, 256, 64, 3, 8), (256, 128, 64, 3, 8), (128, 128, 64, 4, 8), (128, 128, 32, 4, 4),
                  (64, 256, 32, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 64, 64, 3, 4)]
 _FLOAT_CONFIGS = [(128, 128, 32, 3, 8), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (64, 64, 32, 4, 4)]
-# The shortlist measured for a misaligned product without max_autotune: the configurations that
-# won or came within 5-20% on GPT-2's LM-head products (forward at 32 and 2048 rows, both
-# backward products; benchmarks/results/gemm-shortlist-cuda-2026-11-26-H200.md). Compiling all
+# The shortlist measured for a misaligned product without max_autotune, from GPT-2's LM-head
+# products (benchmarks/results/gemm-shortlist-cuda-2026-11-26-H200.md): the winner of the forward
+# at 2048 rows (128x256x64), the winner of dX (64x128x64, which shrunk to 32 rows is within 1% of
+# the best there), and the best all-rounder (128x128x64: 20-26% behind each winner, the best of
+# the three on dW). Compiling all
 # eight took 4.7 s of a 12 s cold compile (their compiles run in parallel, so the slowest one
 # sets the time: up to 3 s for a single config).
 _HALF_SHORTLIST = [(128, 256, 64, 3, 8), (128, 128, 64, 4, 8), (64, 128, 64, 4, 4)]
