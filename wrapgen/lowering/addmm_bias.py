@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from wrapgen.lowering.capture import CapturedGraph, fake_value, graph_fake_mode, with_graph
+from wrapgen.lowering.capture import CapturedGraph, fake_value, rewrite_calls
 from wrapgen.lowering.loop_ops import pointwise
 from wrapgen.lowering.loop_ops.common import LOWERINGS, op_key, supported
 
@@ -28,22 +28,7 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def bias_into_readers(captured: CapturedGraph) -> CapturedGraph:
     """`captured` with each such `addmm(bias, a, b)` made `mm(a, b) + bias` (on a copy of the
     graph), or `captured` itself when there is none."""
-    gm = captured.graph_module
-    if not any(_bias_can_move(n) for n in gm.graph.find_nodes(op="call_function", target=aten.addmm.default)):
-        return captured
-    graph = torch.fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    fake_mode = graph_fake_mode(graph)
-    if fake_mode is None:
-        return captured
-    changed = False
-    for node in list(graph.find_nodes(op="call_function", target=aten.addmm.default)):
-        if _bias_can_move(node):
-            changed |= _rewrite(graph, node, fake_mode)
-    if not changed:
-        return captured
-    graph.lint()
-    return with_graph(captured, graph)
+    return rewrite_calls(captured, aten.addmm.default, _bias_can_move, _rewrite)
 
 
 def _scale(node: torch.fx.Node, index: int, name: str) -> object:
@@ -81,7 +66,7 @@ def _read_pointwise_only(node: torch.fx.Node) -> bool:
     return True
 
 
-def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node, fake_mode) -> bool:
+def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node, _: object, fake_mode) -> bool:
     """`mm` + `add` in place of `node`; False (the graph as it was) when fake tensors do not give
     the sum exactly the addmm's result layout."""
     bias, a, b = node.args[:3]

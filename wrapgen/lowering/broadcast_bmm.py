@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from wrapgen.lowering.capture import CapturedGraph, fake_value, graph_fake_mode, with_graph
+from wrapgen.lowering.capture import CapturedGraph, fake_value, rewrite_calls
 
 aten = torch.ops.aten
 
@@ -27,23 +27,7 @@ aten = torch.ops.aten
 def fold_broadcast_bmm(captured: CapturedGraph) -> CapturedGraph:
     """`captured` with each `bmm` against a batch-broadcast matrix made one `mm` (on a copy of
     the graph), or `captured` itself when there is none."""
-    gm = captured.graph_module
-    if not any(_foldable(n) is not None for n in gm.graph.find_nodes(op="call_function", target=aten.bmm.default)):
-        return captured
-    graph = torch.fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    fake_mode = graph_fake_mode(graph)
-    if fake_mode is None:
-        return captured
-    changed = False
-    for node in list(graph.find_nodes(op="call_function", target=aten.bmm.default)):
-        order = _foldable(node)
-        if order is not None:
-            changed |= _rewrite(graph, node, order, fake_mode)
-    if not changed:
-        return captured
-    graph.lint()
-    return with_graph(captured, graph)
+    return rewrite_calls(captured, aten.bmm.default, _foldable, _rewrite)
 
 
 def _static(value: object) -> tuple[list[int], list[int]] | None:
@@ -71,7 +55,7 @@ def _foldable(node: torch.fx.Node) -> str | None:
     return None
 
 
-def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node, order: str, fake_mode) -> bool:
+def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node, order: object, fake_mode) -> bool:
     """Put the one-product form in place of `node`; False (and the graph as it was) when fake
     tensors do not give it exactly the bmm's result layout."""
     a, b = node.args[0], node.args[1]

@@ -95,6 +95,31 @@ def fake_value(node: torch.fx.Node, fake_mode) -> object:
         return node.target(*args, **kwargs)  # type: ignore[operator]
 
 
+def rewrite_calls(captured: CapturedGraph, target: object, applies: Callable[[torch.fx.Node], object],
+                  rewrite: Callable[[torch.fx.Graph, torch.fx.Node, object, object], bool]) -> CapturedGraph:
+    """The shared frame of a graph-rewriting pass: each call of `target` for which `applies(node)`
+    is truthy goes to `rewrite(graph, node, what applies returned, fake mode)` on a copy of the
+    graph (True when it changed the copy). `captured` itself when nothing applies or changes,
+    so a graph without such calls is not copied."""
+    calls = captured.graph_module.graph.find_nodes(op="call_function", target=target)
+    if not any(applies(n) for n in calls):
+        return captured
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(captured.graph_module.graph, {}))
+    fake_mode = graph_fake_mode(graph)
+    if fake_mode is None:
+        return captured
+    changed = False
+    for node in list(graph.find_nodes(op="call_function", target=target)):
+        found = applies(node)
+        if found:
+            changed |= rewrite(graph, node, found, fake_mode)
+    if not changed:
+        return captured
+    graph.lint()
+    return with_graph(captured, graph)
+
+
 def is_aten_graph(gm: torch.fx.GraphModule) -> bool:
     """True when every call in the graph is already an ATen overload (or getitem / symbolic int math)."""
     for node in gm.graph.nodes:
