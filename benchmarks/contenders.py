@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 import wrapgen
+import wrapgen.dynamo
 
 Build = Callable[[nn.Module, tuple[torch.Tensor, ...]], Callable[..., Any]]
 
@@ -117,6 +118,7 @@ def _wrapgen_dynamo(target: str, **options: Any) -> Build:
     """wrapgen through torch.compile: what a training step needs (wrapgen.compile is inference-only)."""
 
     def build(model: nn.Module, inputs: tuple) -> Callable[..., Any]:
+        wrapgen.dynamo.ensure_registered()  # run from a checkout, the entry point may be missing
         return torch.compile(model, backend="wrapgen", options={"target": target, **options})
 
     return build

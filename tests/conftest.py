@@ -16,20 +16,8 @@ if not torch.cuda.is_available():
 import wrapgen
 import wrapgen.dynamo
 
-
-def _register_dynamo_backend() -> None:
-    """`backend="wrapgen"` comes from the package's entry point; a checkout on PYTHONPATH (the GPU
-    host runs the suite that way) has none, so the tests register the backend themselves."""
-    from torch._dynamo.backends.registry import lookup_backend, register_backend
-    from torch._dynamo.exc import InvalidBackend
-
-    try:
-        lookup_backend("wrapgen")
-    except InvalidBackend:
-        register_backend(name="wrapgen")(wrapgen.dynamo.wrapgen_backend)
-
-
-_register_dynamo_backend()
+# `backend="wrapgen"` without the entry point (the GPU host runs the suite from the checkout)
+wrapgen.dynamo.ensure_registered()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -101,6 +101,31 @@ def test_cpp_launches_unaligned_inputs_and_views_on_cuda() -> None:
         torch.testing.assert_close(compiled(x, y), f(x, y))
 
 
+def test_python_launches_native_and_switches_to_the_unaligned_variant_on_cuda() -> None:
+    """The python target calls Triton's C launcher itself (no launcher-class frame) and still
+    takes the variant without the alignment assumption for an input view at an odd offset."""
+    from wrapgen.kernels.triton import compat
+
+    def f(x, y):
+        return torch.softmax(x * 2.0, dim=-1) + y.sin()
+
+    def rows_from(offset: int) -> torch.Tensor:
+        flat = torch.randn(33 * 65 + 8, device="cuda")
+        return flat[offset - 1 : offset - 1 + 33 * 65].view(33, 65)[:, 1:]
+
+    x, y = rows_from(1), torch.randn(33, 64, device="cuda")
+    compiled = wrapgen.compile(f, (x, y), target="python")
+    kernels = compiled.artifact.call.__globals__["_triton_kernels"]
+    spec = next(iter(kernels.specs.values()))
+    binary = kernels._compile(spec, True)
+    native, head, _ = compat.launch_parts(binary, spec.constexprs, spec.device_index)
+    if compat.version().startswith("3.6."):
+        assert native is binary.run.launch and head[1:3] == (False, False)
+    for offset in (1, 4, 8, 3):
+        x, y = rows_from(offset), torch.randn(33, 64, device="cuda")
+        torch.testing.assert_close(compiled(x, y), f(x, y))
+
+
 def test_cpp_aot_package_on_cuda(tmp_path) -> None:
     model = block().cuda().eval()
     x = torch.randn(2, 16, 64, device="cuda")

@@ -84,6 +84,36 @@ def test_dead_buffer_is_reused() -> None:
     assert peak_memory(planned) == peak_memory(p) == 2 * 4 * 8 * 4
 
 
+def test_reuse_views_storage_from_its_start_whatever_the_source() -> None:
+    """A reuse re-views storage from offset 0: by the C fast path where the source is known to
+    start its storage (an allocation), by as_strided where it may not (an extern's result, here
+    a slice at offset 8)."""
+    from wrapgen.backends import PythonEmitter
+
+    x = f32(4, 8)
+    lines = [
+        Allocate("buf0", f32(4, 8)),
+        relu_into("x", "buf0"),
+        ReuseBuffer("buf1", "buf0", f32(8, 4)),
+        Free("buf0"),
+        ExternKernel("buf2", "aten::slice.Tensor", (TensorRef("buf1"), 0, 2, 8), (), "buf1"),
+        ExternKernel("buf3", "aten::clone", (TensorRef("buf2"),), ()),
+        ExternKernel("buf4", "aten::slice.Tensor", (TensorRef("buf3"), 0, 1, 6), (), "buf3"),
+        ReuseBuffer("buf5", "buf4", f32(2, 4)),
+        Free("buf4"),
+        Output((TensorRef("buf1"), TensorRef("buf5"))),
+    ]
+    p = verify(Program("p", (TensorInput("x", x),), (), (), (AssertInput("x", F32, CPU, x.sizes, x.strides), *lines)))
+    compiled = PythonEmitter().compile(p)
+    assert "buf1 = _reinterpret(buf0, (8, 4), (4, 1), 0)" in compiled.source
+    assert "buf5 = _as_strided(buf4" in compiled.source
+    arg = torch.randn(4, 8)
+    viewed, reused = compiled.call([arg.clone()])
+    torch.testing.assert_close(viewed, arg.relu().view(8, 4))
+    clone_storage = arg.relu().view(8, 4)[2:8].clone().flatten()
+    torch.testing.assert_close(reused, clone_storage[:8].view(2, 4))  # from the storage's start, not buf4's
+
+
 def test_elementwise_call_writes_over_an_input_that_dies_there() -> None:
     def chain(second_op) -> Program:
         return program(

@@ -137,6 +137,7 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
         self.pool_views: dict[tuple[str, torch.dtype], str] = {}
         self.bound_constants = set(program.constant_values())
         self.constant_views: dict[str, str] = {}  # name -> the view expression, made at load
+        self.starts_storage: set[str] = set()  # buffers at storage offset 0 (Allocate, and reuses of them)
         self.types = program.value_types()
         names = ", ".join(program.input_names())
         # A device type the program uses one device of gets its fast paths (its device made
@@ -308,6 +309,7 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
         allocate = type(overrides).python_allocate if t.device.type in self.single_device_types else DeviceOverrides.python_allocate
         allocation = allocate(overrides, py_tuple(t.sizes), py_tuple(t.strides or ()), str(t.dtype), self.device_handle(t.device))
         self.writeline(f"{line.name} = {allocation}")
+        self.starts_storage.add(line.name)
         if overrides.advises_huge_pages(t):
             self.writeline(f"advise_huge_pages({line.name})")
 
@@ -315,9 +317,16 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
         t, source = line.type, self.types.get(line.source)
         if isinstance(source, TensorType) and (source.dtype, source.sizes, source.strides) == (t.dtype, t.sizes, t.strides):
             self.writeline(f"{line.name} = {line.source}  # reuse")
+            if line.source in self.starts_storage:
+                self.starts_storage.add(line.name)
             return
         viewed = line.source if isinstance(source, TensorType) and source.dtype == t.dtype else f"{line.source}.view({t.dtype})"
-        self.writeline(f"{line.name} = _as_strided({viewed}, {py_tuple(t.sizes)}, {py_tuple(t.strides or ())}, 0)  # reuse")
+        # A buffer known to start its storage is re-viewed by the C fast path (an offset relative
+        # to the source's is then the absolute 0); any other source by as_strided.
+        view = "_reinterpret" if line.source in self.starts_storage else "_as_strided"
+        if view == "_reinterpret":
+            self.starts_storage.add(line.name)
+        self.writeline(f"{line.name} = {view}({viewed}, {py_tuple(t.sizes)}, {py_tuple(t.strides or ())}, 0)  # reuse")
 
     def emit_allocate_from_pool(self, line: AllocateFromPool) -> None:
         t = line.type

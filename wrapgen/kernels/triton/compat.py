@@ -6,10 +6,12 @@ here. Written against Triton 3.6 (and checked there):
 - a kernel is compiled once with `JITFunction.warmup`, from argument *types* (no tensors):
   pointers as `MockTensor`s (16-byte aligned, or deliberately not), integers as example
   values chosen so they are neither 1 nor a multiple of 16 (no value specialization);
-- launching calls the compiled kernel's C launcher directly:
+- launching calls the compiled kernel's launcher directly:
   `run(grid_x, grid_y, grid_z, stream, function, packed_metadata, launch_metadata,
   enter_hook, exit_hook, *kernel_args)` — the same call `JITFunction.run` makes after
-  binding arguments, without the per-call binding and cache lookup;
+  binding arguments, without the per-call binding and cache lookup; for a kernel without
+  scratch memory, one level lower: `run.launch`, the C function `run` calls, with
+  `(function, cooperative=False, pdl=False, None, None)` in front (`launch_parts`);
 - the C++ target launches the compiled binary itself (`binary_of`): the cubin, the function
   name, shared memory and warps from the compiled kernel's metadata, and the number of
   trailing scratch-pointer parameters Triton adds to every kernel (3.6: global and profile
@@ -106,15 +108,40 @@ def bind_launcher(compiled, jit_fn, constexprs: dict[str, int], device_index: in
             jit_fn[(gx, gy, gz)](*args, **constexprs)
 
         return launch_interpreted
+    native, head, tail = launch_parts(compiled, constexprs, device_index)
+
+    def launch(gx: int, gy: int, gz: int, stream: int, *args: object) -> None:
+        native(gx, gy, gz, stream, *head, *args, *tail)
+
+    return launch
+
+
+def launch_parts(compiled, constexprs: dict[str, int], device_index: int = 0) -> tuple[Callable[..., None], tuple, tuple]:
+    """`(native, head, tail)`: a launch is `native(gx, gy, gz, stream, *head, *args, *tail)`.
+
+    Where the kernel needs no scratch memory and no cooperative or PDL launch (wrapgen's own
+    kernels), `native` is the C launcher Triton built for the kernel's signature: the Python
+    frame of the launcher class (two scratch-allocation closures per launch) is skipped, about
+    a microsecond of every launch of the python target. Otherwise it is `compiled.run`."""
     with torch.cuda.device(device_index):
         run = compiled.run  # loads the binary onto the device on first access
     function, packed = compiled.function, compiled.packed_metadata
     tail = tuple(constexprs.values())
-
-    def launch(gx: int, gy: int, gz: int, stream: int, *args: object) -> None:
-        run(gx, gy, gz, stream, function, packed, None, None, None, *args, *tail)
-
-    return launch
+    hooks = (packed, None, None, None)  # launch metadata, enter and exit hooks: none
+    native = getattr(run, "launch", None)
+    plain = (
+        version().startswith("3.6.")  # the argument order below is CudaLauncher.__call__'s in 3.6
+        and type(run).__name__ == "CudaLauncher"
+        and callable(native)
+        and not getattr(run, "global_scratch_size", 1)
+        and not getattr(run, "profile_scratch_size", 1)
+        and getattr(run, "launch_cooperative_grid", None) is False
+        and getattr(run, "launch_pdl", None) is False
+    )
+    if plain:
+        # CudaLauncher.__call__ passes (function, cooperative, pdl, global scratch, profile scratch)
+        return native, (function, False, False, None, None, *hooks), tail
+    return run, (function, *hooks), tail
 
 
 @dataclass(frozen=True)

@@ -118,10 +118,11 @@ class TritonKernels:
 
     def _launcher(self, spec: KernelSpec) -> Callable[..., None]:
         fn = self.functions[spec.name]
-        fast = compat.bind_launcher(self._compile(spec, True), fn, spec.constexprs, spec.device_index)
         positions = spec.maybe_unaligned_positions()
         if compat.interpreting() or not positions:
-            return fast
+            return compat.bind_launcher(self._compile(spec, True), fn, spec.constexprs, spec.device_index)
+        # One Python frame per launch: the alignment check and the native call in one closure.
+        native, head, tail = compat.launch_parts(self._compile(spec, True), spec.constexprs, spec.device_index)
         slow: list[Callable[..., None]] = []
 
         def launch(gx: int, gy: int, gz: int, stream: int, *args: torch.Tensor) -> None:
@@ -131,7 +132,7 @@ class TritonKernels:
                         slow.append(compat.bind_launcher(self._compile(spec, False), fn, spec.constexprs, spec.device_index))
                     slow[0](gx, gy, gz, stream, *args)
                     return
-            fast(gx, gy, gz, stream, *args)
+            native(gx, gy, gz, stream, *head, *args, *tail)
 
         return launch
 
