@@ -157,7 +157,12 @@ class CppModel:
                     raise InputMismatchError(f"input {spec['name']}: expected an int, got {type(value).__name__}")
                 values[i].kind, values[i].i = 1, int(value)
         args.clear()  # boxed convention: the caller's list no longer keeps inputs alive
-        for position, handle in zip(self._tensor_positions, _to_handles(tensors) if tensors else []):
+        handles = _to_handles(tensors) if tensors else []
+        # ... nor does this frame: wg_run frees each input at its last use (a backward graph's
+        # saved activations), which it cannot while a Python reference here still holds it
+        tensors.clear()
+        value = None
+        for position, handle in zip(self._tensor_positions, handles):
             values[position].kind, values[position].t = 0, handle  # taken over by wg_run
         m = len(self.output_kinds)
         outputs = (WgValue * max(1, m))()
