@@ -185,11 +185,32 @@ def test_off_by_default_and_dynamic_sizes_keep_the_library():
     fn, args = (lambda a, b: (a @ b).relu()), (torch.randn(26, 44), torch.randn(44, 52))
     with wrapgen.config.patch(max_autotune=False):
         assert not templates(wrapgen.lower(fn, args))
+        assert wrapgen.compile(fn, args, dynamic=True).at_hints is None  # nothing to measure
     program = wrapgen.lower(fn, args, dynamic=True)
     assert not templates(program)
-    compiled = wrapgen.compile(fn, args, dynamic=True)
-    fresh = (torch.randn(9, 44), torch.randn(44, 52))
-    torch.testing.assert_close(compiled(*fresh), fn(*fresh))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_dynamic_sizes_run_the_measured_template_only_at_the_example_sizes(target):
+    """Choose per size hint, the library call elsewhere: the example's sizes get a program of
+    their own with the product measured (here: the template, its epilogue fused); any other
+    size runs the dynamic program, whose product is the library call."""
+    fn, args = (lambda a, b: (a @ b).relu()), (torch.randn(26, 44), torch.randn(44, 52))
+    compiled = wrapgen.compile(fn, args, target=target, dynamic=True)
+    assert not templates(compiled.program)
+    assert any(isinstance(line, ExternKernel) and line.op == "aten::mm.out" for line in compiled.program.lines)
+    assert compiled.at_hints is not None and len(templates(compiled.at_hints.function.program)) == 1
+    served = []
+    static = compiled.at_hints.function
+    compiled.at_hints.function = lambda *a, **k: served.append(a[0].shape) or static(*a, **k)
+    for rows in (26, 9, 26, 40):
+        x, w = torch.randn(rows, 44), torch.randn(44, 52)
+        torch.testing.assert_close(compiled(x, w), fn(x, w))
+    assert served == [(26, 44), (26, 44)]
+    # the example's shape at other strides, or of another dtype, is not the example's layout
+    assert compiled.at_hints.matches([torch.randn(26, 44), torch.randn(44, 52)])
+    assert not compiled.at_hints.matches([torch.randn(44, 26).t(), torch.randn(44, 52)])
+    assert not compiled.at_hints.matches([torch.randn(26, 44).double(), torch.randn(44, 52)])
 
 
 def test_misaligned_products_are_the_ones_with_an_unaligned_leading_dimension():

@@ -15,6 +15,7 @@ from wrapgen.compiled import CompiledFunction
 from wrapgen.kernels.triton.runtime import start_workers_early
 from wrapgen.lowering.capture import CapturedGraph, capture
 from wrapgen.lowering.lower import lower_captured
+from wrapgen.size_hints import ExampleSizeProgram, flat_example, symbolic_products
 from wrapgen.specialize import SizeSpecializations
 from wrapgen.wrapper_ir.passes import add_finite_checks, partition_graphs, plan_memory, schedule_collectives
 from wrapgen.wrapper_ir.program import Program
@@ -96,7 +97,9 @@ def compile(
     """Compile `model` for `target`; the result is called like `model` and returns eager's structure.
 
     With `dynamic=True` it serves every size: sizes >= 2 through the one dynamic program, and a
-    call with a dynamic size of 0 or 1 through a program traced at that call's sizes on first use.
+    call with a dynamic size of 0 or 1 through a program traced at that call's sizes on first use;
+    with `max_autotune` also, calls at the example's sizes through a program whose matrix
+    products were measured there (wrapgen/size_hints.py).
     """
     name = resolve_target(target)
     captured = _capture(model, example_inputs, dynamic)
@@ -104,6 +107,10 @@ def compile(
     if dynamic and captured.traced:
         build = _specializer(model, name, config.snapshot(), torch.is_grad_enabled())
         compiled.specializations = SizeSpecializations(compiled.program, build)
+        if config.max_autotune and symbolic_products(compiled.program):
+            # the products are measured at the example's sizes only, in a program of their own
+            static = _compile_captured(capture(model, tuple(example_inputs), dynamic=False), name, "forward_at_hints")
+            compiled.at_hints = ExampleSizeProgram(static, flat_example(example_inputs))
     return compiled
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils import _pytree as pytree
@@ -12,6 +12,9 @@ from wrapgen.errors import InputMismatchError
 from wrapgen.specialize import SizeSpecializations
 from wrapgen.wrapper_ir.program import Program
 
+if TYPE_CHECKING:
+    from wrapgen.size_hints import ExampleSizeProgram
+
 
 class CompiledFunction:
     """Flattens the arguments the way the traced program saw them, runs `call(args)`, and
@@ -19,7 +22,7 @@ class CompiledFunction:
 
     A dynamic program's `specializations` serve the calls it refuses because a dynamic size
     is 0 or 1 (wrapgen/specialize.py): the first such call is refused and compiles one, later
-    ones go straight to it.
+    ones go straight to it. Under max_autotune, `at_hints` serves calls at the example's sizes.
     """
 
     def __init__(
@@ -34,6 +37,8 @@ class CompiledFunction:
     ) -> None:
         self.program = program
         self.specializations = specializations
+        # max_autotune + dynamic: the program measured at the example's sizes (size_hints.py)
+        self.at_hints: ExampleSizeProgram | None = None
         self.artifact = artifact
         self.target = target
         self._call = artifact.call
@@ -55,6 +60,8 @@ class CompiledFunction:
             flat = list(args)
         else:
             flat = self._flatten(args, kwargs)
+        if self.at_hints is not None and self.at_hints.matches(flat):
+            return self.at_hints.function(*args, **kwargs)
         if self.specializations is not None:
             specialized = self.specializations.lookup(flat)
             if specialized is not None:
