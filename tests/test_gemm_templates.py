@@ -213,6 +213,25 @@ def test_dynamic_sizes_run_the_measured_template_only_at_the_example_sizes(targe
     assert not compiled.at_hints.matches([torch.randn(26, 44).double(), torch.randn(44, 52)])
 
 
+def test_dynamic_program_serves_every_call_when_the_example_sizes_fail_to_compile(monkeypatch):
+    import wrapgen.api
+    from wrapgen.errors import LoweringError
+
+    traced = wrapgen.api.capture
+
+    def capture(model, inputs, dynamic):
+        if not dynamic:
+            raise LoweringError("cannot trace at these sizes")
+        return traced(model, inputs, dynamic)
+
+    monkeypatch.setattr(wrapgen.api, "capture", capture)
+    fn, args = (lambda a, b: (a @ b).relu()), (torch.randn(26, 44), torch.randn(44, 52))
+    with pytest.warns(UserWarning, match="no program at the example's sizes .cannot trace at these sizes"):
+        compiled = wrapgen.compile(fn, args, dynamic=True)
+    assert compiled.at_hints is None
+    torch.testing.assert_close(compiled(*args), fn(*args))
+
+
 def test_misaligned_products_are_the_ones_with_an_unaligned_leading_dimension():
     def parts(a, b, out, dtype=torch.bfloat16):
         layouts = {"a": (*a, dtype), "b": (*b, dtype), "out": (*out, dtype)}

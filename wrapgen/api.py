@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,6 +13,7 @@ from wrapgen import config, debug
 from wrapgen.backends.emitter import CompiledArtifact
 from wrapgen.backends.registry import get_backend
 from wrapgen.compiled import CompiledFunction
+from wrapgen.errors import LoweringError
 from wrapgen.kernels.triton.runtime import start_workers_early
 from wrapgen.lowering.capture import CapturedGraph, capture
 from wrapgen.lowering.lower import lower_captured
@@ -108,10 +110,20 @@ def compile(
         build = _specializer(model, name, config.snapshot(), torch.is_grad_enabled())
         compiled.specializations = SizeSpecializations(compiled.program, build)
         if config.max_autotune and symbolic_products(compiled.program):
-            # the products are measured at the example's sizes only, in a program of their own
-            static = _compile_captured(capture(model, tuple(example_inputs), dynamic=False), name, "forward_at_hints")
-            compiled.at_hints = ExampleSizeProgram(static, flat_example(example_inputs))
+            compiled.at_hints = _compile_at_hints(model, tuple(example_inputs), name)
     return compiled
+
+
+def _compile_at_hints(model: object, example_inputs: tuple, target: str) -> ExampleSizeProgram | None:
+    """The model compiled static at the example's sizes, its products measured there; None (with
+    a warning naming why) when that fails: the dynamic program serves every call then."""
+    try:
+        static = _compile_captured(capture(model, example_inputs, dynamic=False), target, "forward_at_hints")
+    except LoweringError as err:
+        warnings.warn(f"max_autotune: no program at the example's sizes ({err}); every call runs the dynamic "
+                      "program and its library matrix products", stacklevel=3)
+        return None
+    return ExampleSizeProgram(static, flat_example(example_inputs))
 
 
 def _compile_captured(captured: CapturedGraph, target: str, name: str = "forward") -> CompiledFunction:
