@@ -188,7 +188,11 @@ def test_cpu_measurement_counts_each_storage_of_the_call() -> None:
     assert measured.temporaries == pytest.approx(4_000_000, abs=4096)
 
 
-@pytest.mark.parametrize("target", ["python", "cpp"])  # fx: the graph module takes its inputs unboxed
+@pytest.mark.parametrize("target", [
+    "python",
+    "cpp",
+    pytest.param("fx", marks=pytest.mark.skipif(not hasattr(torch.fx.graph, "_BoxedCodeGen"), reason="no boxed FX codegen")),
+])
 def test_boxed_call_frees_an_input_at_its_last_use(target: str) -> None:
     """Called boxed (aot_autograd's convention: a backward's saved activations come in a list
     the call empties), an input dies at its last use inside the call, not when the call returns."""

@@ -74,8 +74,16 @@ class FxEmitter(FxMultiKernelMixin, Emitter):
 
     def compile(self, program: Program) -> CompiledArtifact:
         gm = self.emit(program)
-        run = self.compile_graph(gm)
         count = len(program.inputs)
+        boxed = _boxed_runner(gm) if type(self).compile_graph is FxEmitter.compile_graph else None
+        if boxed is not None:
+            def call_boxed(args: list) -> Any:
+                if len(args) != count:
+                    check_arg_count(args, count)
+                return boxed(args)  # empties `args`: each input dies at its last use in the graph
+
+            return CompiledArtifact(call_boxed, gm.code)
+        run = self.compile_graph(gm)
 
         def call(args: list) -> Any:
             if len(args) != count:
@@ -440,3 +448,17 @@ def _number(value: sympy.Basic) -> int | float:
     if value.is_integer:
         return int(value)
     return float(value)
+
+
+def _boxed_runner(gm: torch.fx.GraphModule) -> Callable[[list], Any] | None:
+    """The graph as a function of one list it empties (aot_autograd's boxed convention), so a
+    backward's saved activations are freed at their last use, not when the call returns.
+    `gm` itself keeps its positional signature (what `compile_graph` hands a user's compiler).
+    None where torch's FX has no boxed code generator."""
+    codegen = getattr(torch.fx.graph, "_BoxedCodeGen", None)
+    if codegen is None:
+        return None
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))  # the copy's output: the original's, remapped
+    graph.set_codegen(codegen())
+    return torch.fx.GraphModule(gm, graph)
