@@ -1,8 +1,9 @@
 """`torch.compile(model, backend="wrapgen", options={...})`: the TorchDynamo backend.
 
 Registered through the `torch_dynamo_backends` entry point, so no `import wrapgen` is
-needed; a checkout used from PYTHONPATH has no entry point and calls `ensure_registered()`. aot_autograd hands us functional ATen graphs (forward, and backward when training);
-each is lowered, optimized and emitted for the configured target.
+needed (a checkout used from PYTHONPATH has none: call `ensure_registered()`). aot_autograd
+hands us functional ATen graphs (forward, and backward when training); each is lowered,
+optimized and emitted for the configured target.
 """
 
 from __future__ import annotations
