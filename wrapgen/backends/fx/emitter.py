@@ -75,20 +75,17 @@ class FxEmitter(FxMultiKernelMixin, Emitter):
     def compile(self, program: Program) -> CompiledArtifact:
         gm = self.emit(program)
         count = len(program.inputs)
-        boxed = _boxed_runner(gm) if type(self).compile_graph is FxEmitter.compile_graph else None
-        if boxed is not None:
-            def call_boxed(args: list) -> Any:
-                if len(args) != count:
-                    check_arg_count(args, count)
-                return boxed(args)  # empties `args`: each input dies at its last use in the graph
-
-            return CompiledArtifact(call_boxed, gm.code)
-        run = self.compile_graph(gm)
+        # run as it is, the graph empties `args` (each input dies at its last use in it); a
+        # user's compiler gets `gm` and its callable takes the inputs positionally
+        run = _boxed_runner(gm) if type(self).compile_graph is FxEmitter.compile_graph else None
+        if run is None:
+            compiled = self.compile_graph(gm)
+            run = lambda args: compiled(*args)  # noqa: E731
 
         def call(args: list) -> Any:
             if len(args) != count:
                 check_arg_count(args, count)
-            return run(*args)
+            return run(args)
 
         return CompiledArtifact(call, gm.code)
 
