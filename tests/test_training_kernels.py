@@ -218,3 +218,31 @@ def test_row_offsets_leave_the_reduced_loop(target: str) -> None:
     loop = source.split("for (int64_t r0")[1]
     assert "wg_floordiv" not in loop.split("}")[0] and "wg_floordiv" in source, source
     torch.testing.assert_close(compiled(x), stats(x))
+
+
+@pytest.mark.parametrize("early", [True, False])
+def test_backward_compiles_with_the_forward_unless_told_not_to(early: bool, monkeypatch) -> None:
+    """`compile_backward_early`: the backward graph is compiled during the forward's compile (its
+    GEMM measurements then never meet the forward's activations), or lazily at the first backward;
+    gradients equal eager's either way."""
+    compiled_names = []
+    lower = wrapgen.dynamo.compile_aten_graph
+
+    def spy(gm, name, target=None):
+        compiled_names.append(name)
+        return lower(gm, name, target)
+
+    monkeypatch.setattr(wrapgen.dynamo, "compile_aten_graph", spy)
+    torch.manual_seed(0)
+    model = TinyLM()
+    options = {"target": "python", "compile_backward_early": early}
+    compiled = torch.compile(model, backend=functools.partial(wrapgen.dynamo.wrapgen_backend, options=options))
+    ids = torch.randint(0, 64, (3, 10))
+    loss_c = compiled(ids)
+    assert compiled_names == (["forward", "backward"] if early else ["forward"])
+    loss_c.backward()
+    assert compiled_names == ["forward", "backward"]
+    grads_c = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    model(ids).backward()
+    torch.testing.assert_close(grads_c, {n: p.grad for n, p in model.named_parameters()}, rtol=1e-4, atol=1e-5)

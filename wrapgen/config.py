@@ -179,6 +179,15 @@ OPTIONS: dict[str, Option] = {
             "on CUDA with generated kernels, a linear layer's addmm whose result only pointwise ops read runs as "
             "mm, its bias added by the kernel that reads the product (cuBLASLt's bias epilogue picks slower tiles)",
         ),
+        Option(
+            "compile_backward_early",
+            bool,
+            True,
+            "WRAPGEN_COMPILE_BACKWARD_EARLY",
+            "under torch.compile, aot_autograd's backward graph is compiled with the forward, while only weights "
+            "and inputs are live, not at the first backward call, when the forward's activations are (the GEMM "
+            "measurements of the backward's compile then add to the training step's peak memory)",
+        ),
     )
 }
 
@@ -202,6 +211,7 @@ multi_kernel: bool = OPTIONS["multi_kernel"].parse_env()
 layout_optimization: bool = OPTIONS["layout_optimization"].parse_env()
 constant_masks: bool = OPTIONS["constant_masks"].parse_env()
 bias_in_kernels: bool = OPTIONS["bias_in_kernels"].parse_env()
+compile_backward_early: bool = OPTIONS["compile_backward_early"].parse_env()
 
 _module = sys.modules[__name__]
 

@@ -3,11 +3,13 @@
 Registered through the `torch_dynamo_backends` entry point, so no `import wrapgen` is
 needed (a checkout used from PYTHONPATH has none: call `ensure_registered()`). aot_autograd
 hands us functional ATen graphs (forward, and backward when training); each is lowered,
-optimized and emitted for the configured target.
+optimized and emitted for the configured target. The backward is compiled with the forward
+(`compile_backward_early`), so its compile-time measurements never meet a step's activations.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -88,7 +90,18 @@ def wrapgen_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dic
         # held between forward and backward, and fewer bytes written and read (as Inductor does).
         partition_fn=min_cut_rematerialization_partition,
     )
-    return backend(gm, example_inputs)
+    with _backward_compiled_early(settings["compile_backward_early"]):
+        return backend(gm, example_inputs)
+
+
+def _backward_compiled_early(wanted: bool) -> contextlib.AbstractContextManager:
+    """aot_autograd compiles the backward during the forward's compile when `wanted` (and this
+    torch has the switch); otherwise at the first backward call, as by default."""
+    import torch._functorch.config as functorch_config
+
+    if wanted and hasattr(functorch_config, "force_non_lazy_backward_lowering"):
+        return functorch_config.patch(force_non_lazy_backward_lowering=True)
+    return contextlib.nullcontext()
 
 
 def ensure_registered() -> None:
