@@ -213,6 +213,58 @@ def test_dynamic_sizes_run_the_measured_template_only_at_the_example_sizes(targe
     assert not compiled.at_hints.matches([torch.randn(26, 44).double(), torch.randn(44, 52)])
 
 
+ON_CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_CUDA)])
+@pytest.mark.parametrize("target", TARGETS)
+def test_torch_compile_dynamic_runs_the_measured_templates_only_at_the_size_hints(target, device, monkeypatch):
+    """The same under torch.compile(dynamic=True), per aot_autograd graph: the forward and the
+    backward each get a program traced at their size hints with the products measured, which
+    serves the calls at those sizes; every other size runs the dynamic graphs' library calls.
+    Gradients equal eager's at every size."""
+    import functools
+
+    import wrapgen.dynamo
+
+    calls = {}
+    lower = wrapgen.dynamo.compile_aten_graph
+
+    def spy(gm, name, target=None):
+        calls[name] = lower(gm, name, target)
+        return calls[name]
+
+    monkeypatch.setattr(wrapgen.dynamo, "compile_aten_graph", spy)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(44, 52), torch.nn.ReLU(), torch.nn.Linear(52, 12)).to(device)
+    backend = functools.partial(wrapgen.dynamo.wrapgen_backend, options={"target": target})
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    served = {}
+    for rows in (26, 9, 26, 40):
+        x = torch.randn(rows, 44, device=device, requires_grad=True)
+        out = compiled(x)
+        out.square().sum().backward()
+        grads = [x.grad] + [p.grad for p in model.parameters()]
+        x_e = x.detach().clone().requires_grad_()
+        model.zero_grad(set_to_none=True)
+        expected = model(x_e)
+        expected.square().sum().backward()
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(grads, [x_e.grad] + [p.grad for p in model.parameters()], rtol=1e-4, atol=1e-4)
+        model.zero_grad(set_to_none=True)
+        for name in ("forward", "backward"):
+            if name not in served:  # count the calls the programs at the hints serve, from the first on
+                at_hints = calls[name].at_hints
+                static, served[name] = at_hints.function, []
+                at_hints.function = functools.partial(lambda s, n, args: served[n].append(1) or s(args), static, name)
+    assert set(calls) == {"forward", "backward"}
+    for name in ("forward", "backward"):
+        assert templates(calls[name].program_at_hints) and not templates(calls[name].program)
+        assert any(isinstance(line, ExternKernel) and line.op in ("aten::mm.out", "aten::addmm.out")
+                   for line in calls[name].program.lines)
+    assert served == {"forward": [1], "backward": [1]}  # the third call (26 rows); the first ran before the spy
+
+
 def test_dynamic_program_serves_every_call_when_the_example_sizes_fail_to_compile(monkeypatch):
     import wrapgen.api
     from wrapgen.errors import LoweringError

@@ -10,6 +10,7 @@ optimized and emitted for the configured target. The backward is compiled with t
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 import torch.fx
 
 from wrapgen import config
+from wrapgen.size_hints import ExampleSizeProgram, aten_graph_at_hints, symbolic_products
 
 
 def compile_aten_graph(gm: torch.fx.GraphModule, name: str, target: str | None = None) -> Callable[[list], Any]:
@@ -34,7 +36,40 @@ def compile_aten_graph(gm: torch.fx.GraphModule, name: str, target: str | None =
         target = resolve_target(target)
         program = optimize(lowered, target, _static_inputs(gm, lowered, name) if config.cuda_graphs else ())
         call = _emit(program, target).call
+        if config.max_autotune and symbolic_products(program):
+            call = _with_program_at_hints(call, program, gm, name, target)
     call._boxed_call = True  # type: ignore[attr-defined]
+    return call
+
+
+def _with_program_at_hints(dynamic_call: Callable[[list], Any], dynamic_program: Any, gm: torch.fx.GraphModule,
+                           name: str, target: str) -> Callable[[list], Any]:
+    """max_autotune with symbolic sizes: `gm` also compiled static at its size hints, its products
+    measured there; a call at exactly those sizes runs it, every other call `dynamic_call`
+    (wrapgen/size_hints.py). If the static compile fails, a warning says why and
+    `dynamic_call` serves every call."""
+    from wrapgen.api import _emit, optimize
+    from wrapgen.lowering.capture import capture_aten_graph
+    from wrapgen.lowering.lower import lower_captured
+
+    try:
+        traced = aten_graph_at_hints(gm)
+        if traced is None:
+            return dynamic_call  # a data-dependent size: there is no size to measure at
+        static_gm, example = traced
+        lowered = lower_captured(capture_aten_graph(static_gm), f"{name}_at_hints")
+        static_program = optimize(lowered, target, _static_inputs(gm, lowered, name) if config.cuda_graphs else ())
+        at_hints = ExampleSizeProgram(_emit(static_program, target).call, example)
+    except Exception as err:  # noqa: BLE001 - the dynamic program is correct at every size
+        warnings.warn(f"max_autotune: no {name} program at the size hints ({type(err).__name__}: {err}); every "
+                      "call runs the dynamic program and its library matrix products", stacklevel=2)
+        return dynamic_call
+
+    def call(args: list) -> Any:
+        return (at_hints.function if at_hints.matches(args) else dynamic_call)(args)
+
+    call.at_hints, call.program_at_hints = at_hints, static_program  # type: ignore[attr-defined]
+    call.program = dynamic_program  # type: ignore[attr-defined]
     return call
 
 

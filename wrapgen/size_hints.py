@@ -8,6 +8,10 @@ is measured and, where a template wins, runs it with its epilogue fused. A call 
 have exactly the example's shapes, strides, dtypes and devices (and whose other inputs equal
 the example's) runs that program; every other call runs the dynamic program, whose products
 are library calls: nothing runs a template at sizes it was not measured at.
+
+Under `torch.compile(..., dynamic=True)` the same holds per aot_autograd graph: the graph is
+traced again at its placeholders' size hints (`aten_graph_at_hints`) and compiled static beside
+the dynamic one (wrapgen/dynamo.py).
 """
 
 from __future__ import annotations
@@ -60,6 +64,52 @@ class ExampleSizeProgram:
             if value.dtype != dtype or value.device != device:
                 return False
         return all(type(flat[i]) is type(v) and flat[i] == v for i, v in self._others)
+
+
+def aten_graph_at_hints(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[object]] | None:
+    """`gm` (an aot_autograd graph with symbolic sizes) traced again with every size symbol at its
+    hint, and the example it was traced at (fake tensors and ints, for `ExampleSizeProgram`);
+    None if a size has no hint (data-dependent) or a placeholder has no recorded value."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    mode = FakeTensorMode()  # no shape environment: every size it sees is a plain int
+    example: list[object] = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            sizes, strides = _hints(value.shape), _hints(value.stride())
+            if sizes is None or strides is None:
+                return None
+            with mode:
+                example.append(torch.empty_strided(sizes, strides, dtype=value.dtype, device=value.device))
+        elif isinstance(value, (torch.SymInt, int)) or value is None:
+            hint = _hints([value])[0] if isinstance(value, torch.SymInt) else value
+            if hint is None and value is not None:
+                return None
+            example.append(hint)
+        else:
+            return None
+    static = make_fx(gm, tracing_mode="fake")(*example)
+    for node, value in zip((n for n in static.graph.nodes if n.op == "placeholder"), example):
+        if not isinstance(value, torch.Tensor):
+            node.meta["val"] = value  # make_fx records values for tensors only; a size input is an int here
+    return static, example
+
+
+def _hints(values: Sequence[object]) -> list[int] | None:
+    """The sizes' values at their hints; None if one has none (an unbacked symbol)."""
+    hinted = []
+    for value in values:
+        if isinstance(value, torch.SymInt):
+            hint = value.node.hint
+            if hint is None:
+                return None
+            value = hint
+        hinted.append(int(value))  # type: ignore[call-overload]
+    return hinted
 
 
 def flat_example(example_inputs: Sequence[object]) -> list[object]:

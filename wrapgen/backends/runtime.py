@@ -75,6 +75,8 @@ def with_strides(value: torch.Tensor, sizes: Sequence[int], strides: Sequence[in
     them: a library result whose layout differs from the one its meta function promised
     (wrapper_ir/layout.py, EnsureStrides)."""
     actual = value.stride()
+    if actual == strides:  # the usual case, one C-level tuple comparison
+        return value
     if all(size == 1 or actual[d] == strides[d] for d, size in enumerate(sizes)):
         return value
     copy = torch.empty_strided(tuple(sizes), tuple(strides), dtype=value.dtype, device=value.device)
