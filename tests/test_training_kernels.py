@@ -246,3 +246,39 @@ def test_backward_compiles_with_the_forward_unless_told_not_to(early: bool, monk
     model.zero_grad(set_to_none=True)
     model(ids).backward()
     torch.testing.assert_close(grads_c, {n: p.grad for n, p in model.named_parameters()}, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["python", "cpp"])
+def test_the_forward_is_made_runnable_while_the_backward_is_lowered(target: str, monkeypatch) -> None:
+    """With the backward compiled early, the forward's kernels compile and its library builds
+    while the backward is lowered: the forward is made runnable at the end of the backend call
+    (before its first call), not before the backward's lowering starts."""
+    import wrapgen.api
+    import wrapgen.lowering.lower
+
+    events = []
+    start, lower = wrapgen.api._start_emit, wrapgen.lowering.lower.lower_captured
+
+    def spy_lower(captured, name):
+        events.append(f"lower {name}")
+        return lower(captured, name)
+
+    def spy_start(program, target):
+        events.append(f"emit {program.name}")
+        runnable = start(program, target)
+        return lambda: events.append(f"runnable {program.name}") or runnable()
+
+    monkeypatch.setattr(wrapgen.api, "_start_emit", spy_start)
+    monkeypatch.setattr(wrapgen.lowering.lower, "lower_captured", spy_lower)
+    torch.manual_seed(0)
+    model = TinyLM()
+    compiled = torch.compile(model, backend=functools.partial(wrapgen.dynamo.wrapgen_backend, options={"target": target}))
+    ids = torch.randint(0, 64, (3, 10))
+    loss = compiled(ids)
+    assert events == ["lower forward", "emit forward", "lower backward", "emit backward", "runnable backward",
+                      "runnable forward"]
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    model(ids).backward()
+    torch.testing.assert_close(grads, {n: p.grad for n, p in model.named_parameters()}, rtol=1e-4, atol=1e-5)

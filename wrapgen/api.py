@@ -79,9 +79,20 @@ def partition_for_target(program: Program, target: str | None, static_inputs: Se
 
 
 def _emit(program: Program, target: str) -> CompiledArtifact:
-    artifact = get_backend(target)().compile(program)
-    debug.dump(program, target, artifact)
-    return artifact
+    return _start_emit(program, target)()
+
+
+def _start_emit(program: Program, target: str) -> Callable[[], CompiledArtifact]:
+    """Emit `program` for `target` now; the returned step makes it runnable (Emitter.start_compile)."""
+    finish = get_backend(target)().start_compile(program)
+    folder = debug.dump_folder(program, target)
+
+    def runnable() -> CompiledArtifact:
+        artifact = finish()
+        debug.dump(program, target, artifact, folder)
+        return artifact
+
+    return runnable
 
 
 def build(program: Program, target: str | None = None) -> CompiledArtifact:

@@ -15,11 +15,20 @@ _counter = itertools.count()
 _SUFFIXES = {"python": ".py", "cpp": ".cpp", "fx": ".fx.py"}
 
 
-def dump(program: Program, target: str, artifact: CompiledArtifact) -> Path | None:
-    """Write `program.txt` and the emitted code under config.debug_dir; return the folder."""
+def dump_folder(program: Program, target: str) -> Path | None:
+    """The folder `dump` will write `program` to (numbered in compile order), or None without
+    config.debug_dir: taken when the program is emitted, though written when it is runnable."""
     if not config.debug_dir:
         return None
-    folder = Path(config.debug_dir) / f"{next(_counter):03d}_{program.name}_{target}"
+    return Path(config.debug_dir) / f"{next(_counter):03d}_{program.name}_{target}"
+
+
+def dump(program: Program, target: str, artifact: CompiledArtifact, folder: Path | None = None) -> Path | None:
+    """Write `program.txt` and the emitted code under config.debug_dir (in `folder`, if taken
+    before); return the folder."""
+    folder = folder or dump_folder(program, target)
+    if folder is None:
+        return None
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "program.txt").write_text(str(program))
     (folder / f"code{_SUFFIXES.get(target, '.txt')}").write_text(artifact.source)

@@ -10,6 +10,7 @@ optimized and emitted for the configured target. The backward is compiled with t
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +26,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, name: str, target: str | None =
     """Compile one aot_autograd graph to a boxed callable (takes the list of inputs)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    from wrapgen.api import _emit, optimize, resolve_target
+    from wrapgen.api import _emit, _start_emit, optimize, resolve_target
     from wrapgen.lowering.capture import capture_aten_graph
     from wrapgen.lowering.lower import lower_captured
 
@@ -35,11 +36,44 @@ def compile_aten_graph(gm: torch.fx.GraphModule, name: str, target: str | None =
         lowered = lower_captured(capture_aten_graph(gm), name)
         target = resolve_target(target)
         program = optimize(lowered, target, _static_inputs(gm, lowered, name) if config.cuda_graphs else ())
+        at_hints = config.max_autotune and bool(symbolic_products(program))
+        pending = _FORWARDS_TO_FINISH.get() if name == "forward" and not at_hints else None
+        if pending is not None:  # its kernels compile while aot_autograd has the backward lowered
+            deferred = _FinishedLater(_start_emit(program, target))
+            pending.append(deferred)
+            return deferred
         call = _emit(program, target).call
-        if config.max_autotune and symbolic_products(program):
+        if at_hints:
             call = _with_program_at_hints(call, program, gm, name, target)
     call._boxed_call = True  # type: ignore[attr-defined]
     return call
+
+
+# The forwards compiled in the backend call in progress that are made runnable at its end (see
+# `wrapgen_backend`); None outside one, or where the backward is compiled lazily.
+_FORWARDS_TO_FINISH: contextvars.ContextVar[list[_FinishedLater] | None] = contextvars.ContextVar(
+    "wrapgen_forwards_to_finish", default=None)
+
+
+class _FinishedLater:
+    """A boxed call whose program was emitted but not yet made runnable (kernels waited for,
+    library built and loaded): `finish()` does that, at the end of the backend call, or at the
+    first call if that comes earlier."""
+
+    _boxed_call = True
+
+    def __init__(self, runnable: Callable[[], Any]) -> None:
+        self._runnable: Callable[[], Any] | None = runnable
+        self._call: Callable[[list], Any] | None = None
+
+    def finish(self) -> None:
+        if self._runnable is not None:
+            self._call, self._runnable = self._runnable().call, None
+
+    def __call__(self, args: list) -> Any:
+        if self._call is None:
+            self.finish()
+        return self._call(args)  # type: ignore[misc]
 
 
 def _with_program_at_hints(dynamic_call: Callable[[list], Any], dynamic_program: Any, gm: torch.fx.GraphModule,
@@ -125,18 +159,33 @@ def wrapgen_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dic
         # held between forward and backward, and fewer bytes written and read (as Inductor does).
         partition_fn=min_cut_rematerialization_partition,
     )
-    with _backward_compiled_early(settings["compile_backward_early"]):
-        return backend(gm, example_inputs)
+    early = settings["compile_backward_early"] and _can_compile_backward_early()
+    # With the backward compiled here too, the forward's kernels and library finish while the
+    # backward is lowered: the forward is made runnable at the end, inside these options.
+    forwards: list[_FinishedLater] = []
+    token = _FORWARDS_TO_FINISH.set(forwards if early else None)
+    try:
+        with config.patch(settings), _backward_compiled_early(early):
+            compiled = backend(gm, example_inputs)
+            for forward in forwards:
+                forward.finish()
+    finally:
+        _FORWARDS_TO_FINISH.reset(token)
+    return compiled
 
 
-def _backward_compiled_early(wanted: bool) -> contextlib.AbstractContextManager:
-    """aot_autograd compiles the backward during the forward's compile when `wanted` (and this
-    torch has the switch); otherwise at the first backward call, as by default."""
+def _can_compile_backward_early() -> bool:
     import torch._functorch.config as functorch_config
 
-    if wanted and hasattr(functorch_config, "force_non_lazy_backward_lowering"):
-        return functorch_config.patch(force_non_lazy_backward_lowering=True)
-    return contextlib.nullcontext()
+    return hasattr(functorch_config, "force_non_lazy_backward_lowering")
+
+
+def _backward_compiled_early(early: bool) -> contextlib.AbstractContextManager:
+    """aot_autograd compiles the backward during the forward's compile when `early`; otherwise
+    at the first backward call, as by default."""
+    import torch._functorch.config as functorch_config
+
+    return functorch_config.patch(force_non_lazy_backward_lowering=True) if early else contextlib.nullcontext()
 
 
 def ensure_registered() -> None:

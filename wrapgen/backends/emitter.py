@@ -61,3 +61,10 @@ class Emitter:
 
     def compile(self, program: Program) -> CompiledArtifact:
         raise NotImplementedError
+
+    def start_compile(self, program: Program) -> Callable[[], CompiledArtifact]:
+        """Emit `program` now and return the step that makes it runnable (waiting for its kernels,
+        building, loading), for a caller with other work to do meanwhile: the dynamo backend
+        lowers the backward while the forward's kernels compile. By default all of it is now."""
+        artifact = self.compile(program)
+        return lambda: artifact

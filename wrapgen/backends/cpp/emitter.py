@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import jinja2
 import sympy
@@ -88,6 +90,11 @@ def _template() -> jinja2.Template:
         undefined=jinja2.StrictUndefined,
     )
     return env.get_template("cpp_wrapper.cpp.j2")
+
+
+# Library builds run here (start_build): a build mostly waits (for Triton's workers, for g++),
+# so the compile that started it goes on meanwhile.
+_BUILDS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="wrapgen-build")
 
 
 class CppEmitter(CppGraphRegions, EnsureStridesMixin, CppMultiKernelMixin, Emitter):
@@ -214,6 +221,11 @@ class CppEmitter(CppGraphRegions, EnsureStridesMixin, CppMultiKernelMixin, Emitt
 
     def build(self, program: Program) -> tuple[str, str]:
         """Emit `program` and build its library (kernels included): (wrapper source, library path)."""
+        return self.start_build(program)()
+
+    def start_build(self, program: Program) -> Callable[[], tuple[str, str]]:
+        """Emit `program` and start building its library in the background (its GPU kernels'
+        table waits for Triton; g++ runs beside); the returned step waits for the build."""
         from wrapgen.backends.cpp.build import build_model
 
         source = self.emit(program)
@@ -223,24 +235,45 @@ class CppEmitter(CppGraphRegions, EnsureStridesMixin, CppMultiKernelMixin, Emitt
             more_compile, more_link = device_overrides(device_type).cpp_build_flags()
             compile_flags += [f for f in more_compile if f not in compile_flags]
             link_flags += [f for f in more_link if f not in link_flags]
-        extra_sources = []
         if self.gpu_kernels:
             from wrapgen.backends.cpp.build import start_wrapper_compile
-            from wrapgen.backends.cpp.gpu_kernels import kernel_table_source
 
             start_wrapper_compile(source, tuple(compile_flags))  # g++ runs while Triton compiles the kernels
-            extra_sources.append(kernel_table_source(self.gpu_kernels))
-        library = build_model(source, [k.source for k in self.kernels], extra_sources=extra_sources,
-                              compile_flags=tuple(compile_flags), link_flags=tuple(link_flags))
-        return source, str(library)
+        gpu_kernels, kernel_sources = list(self.gpu_kernels), [k.source for k in self.kernels]
+
+        def build_library() -> str:
+            extra_sources = []
+            if gpu_kernels:
+                from wrapgen.backends.cpp.gpu_kernels import kernel_table_source
+
+                extra_sources.append(kernel_table_source(gpu_kernels))
+            return str(build_model(source, kernel_sources, extra_sources=extra_sources,
+                                   compile_flags=tuple(compile_flags), link_flags=tuple(link_flags)))
+
+        library = _BUILDS.submit(build_library)
+        return lambda: (source, library.result())
 
     def compile(self, program: Program) -> CompiledArtifact:
+        return self._start(program)()
+
+    def start_compile(self, program: Program) -> Callable[[], CompiledArtifact]:
+        """The library builds in the background; the step waits for it and loads it."""
+        if type(self).compile is not CppEmitter.compile:  # a subclass's own compile decides
+            return super().start_compile(program)
+        return self._start(program)
+
+    def _start(self, program: Program) -> Callable[[], CompiledArtifact]:
         from wrapgen.backends.cpp.loader import CppModel
 
-        source, library = self.build(program)
-        model = CppModel(str(library))
-        model.set_constants([program.constant_values().get(c.name) for c in program.constants])
-        return CompiledArtifact(model, source, str(library))
+        built = self.start_build(program)
+
+        def load() -> CompiledArtifact:
+            source, library = built()
+            model = CppModel(library)
+            model.set_constants([program.constant_values().get(c.name) for c in program.constants])
+            return CompiledArtifact(model, source, library)
+
+        return load
 
     # -- lines --------------------------------------------------------------------------------
     def emit_bind_symbol(self, line: BindSymbol) -> None:

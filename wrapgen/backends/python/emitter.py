@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import sympy
 import torch
@@ -259,8 +259,20 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
         ]
 
     def compile(self, program: Program) -> CompiledArtifact:
+        return self._start(program)()
+
+    def start_compile(self, program: Program) -> Callable[[], CompiledArtifact]:
+        """The module is written now and imported (its Triton kernels waited for) in the step."""
+        if type(self).compile is not PythonEmitter.compile:  # a subclass's own compile decides
+            return super().start_compile(program)
+        return self._start(program)
+
+    def _start(self, program: Program) -> Callable[[], CompiledArtifact]:
         source = self.emit(program)
         path = write_cached("python", source, ".py")
+        return lambda: self._load(program, source, path)
+
+    def _load(self, program: Program, source: str, path: str) -> CompiledArtifact:
         module = load_python_module(path)
         for name, value in program.constant_values().items():
             setattr(module, name, value)
