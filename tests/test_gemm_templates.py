@@ -265,6 +265,31 @@ def test_torch_compile_dynamic_runs_the_measured_templates_only_at_the_size_hint
     assert served == {"forward": [1], "backward": [1]}  # the third call (26 rows); the first ran before the spy
 
 
+def test_a_graph_with_a_data_dependent_size_has_no_size_hints():
+    """A size symbol without a hint (an unbacked one, from .item() or nonzero) leaves nothing to
+    trace at: no static graph, the dynamic program serves every call; a backed one is traced at
+    its hint."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from wrapgen.size_hints import aten_graph_at_hints
+
+    def graph_with(size: object) -> torch.fx.GraphModule:
+        gm = torch.fx.symbolic_trace(lambda x, n: x * 2)
+        placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+        with FakeTensorMode():
+            placeholders[0].meta["val"] = torch.empty(3, 4)
+        placeholders[1].meta["val"] = size
+        return gm
+
+    shape_env = ShapeEnv()
+    assert aten_graph_at_hints(graph_with(shape_env.create_unbacked_symint())) is None
+    backed = shape_env.create_symintnode(shape_env.create_symbol(7, torch._dynamo.source.ConstantSource("n")), hint=7)
+    static, example = aten_graph_at_hints(graph_with(backed))
+    assert example[1] == 7 and [tuple(example[0].shape)] == [(3, 4)]
+    assert [node.meta["val"] for node in static.graph.nodes if node.op == "placeholder"][1] == 7
+
+
 def test_dynamic_program_serves_every_call_when_the_example_sizes_fail_to_compile(monkeypatch):
     import wrapgen.api
     from wrapgen.errors import LoweringError

@@ -69,7 +69,7 @@ class ExampleSizeProgram:
 def aten_graph_at_hints(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[object]] | None:
     """`gm` (an aot_autograd graph with symbolic sizes) traced again with every size symbol at its
     hint, and the example it was traced at (fake tensors and ints, for `ExampleSizeProgram`);
-    None if a size has no hint (data-dependent) or a placeholder has no recorded value."""
+    None if a size has no hint (data-dependent) or a placeholder holds a value of another kind."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -85,11 +85,13 @@ def aten_graph_at_hints(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule,
                 return None
             with mode:
                 example.append(torch.empty_strided(sizes, strides, dtype=value.dtype, device=value.device))
-        elif isinstance(value, (torch.SymInt, int)) or value is None:
-            hint = _hints([value])[0] if isinstance(value, torch.SymInt) else value
-            if hint is None and value is not None:
+        elif isinstance(value, torch.SymInt):
+            hinted = _hints([value])
+            if hinted is None:
                 return None
-            example.append(hint)
+            example.append(hinted[0])
+        elif isinstance(value, int) or value is None:
+            example.append(value)
         else:
             return None
     static = make_fx(gm, tracing_mode="fake")(*example)
