@@ -36,13 +36,13 @@ programs: list = []
 
 
 def _record_programs() -> None:
-    emit = wrapgen.api._emit
+    start_emit = wrapgen.api._start_emit  # every program emitted goes through it
 
     def recording(program, target):
         programs.append(program)
-        return emit(program, target)
+        return start_emit(program, target)
 
-    wrapgen.api._emit = recording
+    wrapgen.api._start_emit = recording
 
 
 class CopyToParallel(torch.autograd.Function):
