@@ -84,7 +84,7 @@ def _emit(program: Program, target: str) -> CompiledArtifact:
 
 def _start_emit(program: Program, target: str) -> Callable[[], CompiledArtifact]:
     """Emit `program` for `target` now; the returned step makes it runnable (Emitter.start_compile)."""
-    finish = get_backend(target)().start_compile(program)
+    finish = get_backend(target)().compile_in_steps(program)
     folder = debug.dump_folder(program, target)
 
     def runnable() -> CompiledArtifact:

@@ -125,6 +125,7 @@ def _static_inputs(gm: torch.fx.GraphModule, program: Any, name: str) -> list[st
 
 def wrapgen_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict[str, Any] | None = None) -> Callable:
     """The dynamo backend. `options` are wrapgen config options (target, debug_dir, ...)."""
+    import torch._functorch.config as functorch_config
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
@@ -159,33 +160,21 @@ def wrapgen_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dic
         # held between forward and backward, and fewer bytes written and read (as Inductor does).
         partition_fn=min_cut_rematerialization_partition,
     )
-    early = settings["compile_backward_early"] and _can_compile_backward_early()
-    # With the backward compiled here too, the forward's kernels and library finish while the
-    # backward is lowered: the forward is made runnable at the end, inside these options.
+    # The backward compiled with the forward (where torch has the switch; else at the first
+    # backward call, torch's default): the forward's kernels and library then finish while the
+    # backward is lowered, and the forward is made runnable at the end, inside these options.
+    early = settings["compile_backward_early"] and hasattr(functorch_config, "force_non_lazy_backward_lowering")
     forwards: list[_FinishedLater] = []
     token = _FORWARDS_TO_FINISH.set(forwards if early else None)
     try:
-        with config.patch(settings), _backward_compiled_early(early):
+        lowering = functorch_config.patch(force_non_lazy_backward_lowering=True) if early else contextlib.nullcontext()
+        with config.patch(settings), lowering:
             compiled = backend(gm, example_inputs)
             for forward in forwards:
                 forward.finish()
     finally:
         _FORWARDS_TO_FINISH.reset(token)
     return compiled
-
-
-def _can_compile_backward_early() -> bool:
-    import torch._functorch.config as functorch_config
-
-    return hasattr(functorch_config, "force_non_lazy_backward_lowering")
-
-
-def _backward_compiled_early(early: bool) -> contextlib.AbstractContextManager:
-    """aot_autograd compiles the backward during the forward's compile when `early`; otherwise
-    at the first backward call, as by default."""
-    import torch._functorch.config as functorch_config
-
-    return functorch_config.patch(force_non_lazy_backward_lowering=True) if early else contextlib.nullcontext()
 
 
 def ensure_registered() -> None:

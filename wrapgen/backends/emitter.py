@@ -60,11 +60,19 @@ class Emitter:
         raise NotImplementedError
 
     def compile(self, program: Program) -> CompiledArtifact:
-        raise NotImplementedError
+        """Emit `program` and make it runnable, now. A target implements this or `start_compile`."""
+        return self.start_compile(program)()
 
     def start_compile(self, program: Program) -> Callable[[], CompiledArtifact]:
         """Emit `program` now and return the step that makes it runnable (waiting for its kernels,
         building, loading), for a caller with other work to do meanwhile: the dynamo backend
-        lowers the backward while the forward's kernels compile. By default all of it is now."""
-        artifact = self.compile(program)
-        return lambda: artifact
+        lowers the backward while the forward's kernels compile."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither compile nor start_compile")
+
+    def compile_in_steps(self, program: Program) -> Callable[[], CompiledArtifact]:
+        """`start_compile`; but a target (or a subclass) that implements `compile` itself decides
+        how it compiles: then all of it happens now."""
+        if type(self).compile is not Emitter.compile:
+            artifact = self.compile(program)
+            return lambda: artifact
+        return self.start_compile(program)

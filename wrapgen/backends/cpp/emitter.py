@@ -253,16 +253,8 @@ class CppEmitter(CppGraphRegions, EnsureStridesMixin, CppMultiKernelMixin, Emitt
         library = _BUILDS.submit(build_library)
         return lambda: (source, library.result())
 
-    def compile(self, program: Program) -> CompiledArtifact:
-        return self._start(program)()
-
     def start_compile(self, program: Program) -> Callable[[], CompiledArtifact]:
         """The library builds in the background; the step waits for it and loads it."""
-        if type(self).compile is not CppEmitter.compile:  # a subclass's own compile decides
-            return super().start_compile(program)
-        return self._start(program)
-
-    def _start(self, program: Program) -> Callable[[], CompiledArtifact]:
         from wrapgen.backends.cpp.loader import CppModel
 
         built = self.start_build(program)

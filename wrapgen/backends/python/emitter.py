@@ -258,16 +258,8 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
             "    benchmark_compiled_module()",
         ]
 
-    def compile(self, program: Program) -> CompiledArtifact:
-        return self._start(program)()
-
     def start_compile(self, program: Program) -> Callable[[], CompiledArtifact]:
         """The module is written now and imported (its Triton kernels waited for) in the step."""
-        if type(self).compile is not PythonEmitter.compile:  # a subclass's own compile decides
-            return super().start_compile(program)
-        return self._start(program)
-
-    def _start(self, program: Program) -> Callable[[], CompiledArtifact]:
         source = self.emit(program)
         path = write_cached("python", source, ".py")
         return lambda: self._load(program, source, path)
