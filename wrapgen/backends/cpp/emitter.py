@@ -20,6 +20,7 @@ import jinja2
 import sympy
 import torch
 
+from wrapgen.backends.cpp.body_split import split_into_pieces
 from wrapgen.backends.cpp.call_code import CallCode
 from wrapgen.backends.cpp.collectives import CollectiveWriter
 from wrapgen.backends.cpp.cuda_graphs import CppGraphRegions
@@ -173,7 +174,7 @@ class CppEmitter(CppGraphRegions, EnsureStridesMixin, CppMultiKernelMixin, Emitt
             num_constants=len(program.constants),
             constant_names=[cpp_string(c.name) for c in program.constants],
             constant_devices=[(device_type_code(c.type.device), device_index(c.type.device)) for c in program.constants],
-            body=self.body,
+            body=split_into_pieces(self.body),
             headers=sorted(self.headers),
         )
 
