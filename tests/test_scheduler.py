@@ -73,3 +73,33 @@ def test_layer_norm_reductions_are_computed_once() -> None:
     # two layer norms (mean, variance each) and one sum: five reduction loops, none repeated
     assert reductions == 5
     assert len(calls) <= 2
+
+
+def _column_sums(g, x, g2, x2):
+    return g.sum(0), (g * x).sum(0), g2.sum(0), (g2 * x2).sum(0)
+
+
+def test_unrelated_reductions_share_a_kernel_on_the_cpu_only() -> None:
+    """Triton kernels keep reductions that share no input apart (one kernel would run them one
+    after another in each program); C++ kernels fuse them (one parallel loop)."""
+    args = [torch.randn(64, 32) for _ in range(4)]
+    calls = {}
+    for language in ("cpp", "triton"):
+        with wrapgen.config.patch(cpu_kernels=language):
+            program = wrapgen.lower(_column_sums, args)
+        calls[language] = [line for line in program.lines if isinstance(line, KernelCall)]
+    assert len(calls["cpp"]) == 1
+    assert len(calls["triton"]) == 2  # (g.sum, (g*x).sum) share g; likewise g2
+
+
+def test_a_column_reduction_reads_whole_memory_sectors_per_row() -> None:
+    """A reduction over the strided dimension takes COLUMN_XBLOCK neighbouring columns per
+    program (32 bytes of float32 per row); a row reduction keeps its blocks."""
+    from wrapgen.kernels.triton.launch_config import COLUMN_XBLOCK
+
+    args = (torch.randn(2048, 768), torch.randn(2048, 768))
+    with wrapgen.config.patch(cpu_kernels="triton"):
+        program = wrapgen.lower(lambda g, x: (g.sum(0), x.sum(1)), args)
+    blocks = [dict(dict(k.metadata)["constexprs"]) for k in program.lines if isinstance(k, KernelDefinition)]
+    configs = sorted(blocks, key=lambda c: c["RBLOCK"])
+    assert configs == [{"XBLOCK": 4, "RBLOCK": 1024}, {"XBLOCK": COLUMN_XBLOCK, "RBLOCK": 2048}]

@@ -289,7 +289,7 @@ class KernelGraphLowering(GraphLowering):
             for used in line.uses():
                 readers.setdefault(used, []).append(i)
         order = sorted(self.compute.values(), key=lambda n: position[n.name])
-        groups = schedule(order, position, readers)
+        groups = schedule(order, position, readers, unrelated_reductions=self.language != "triton")
         needed = {name for name, where in readers.items() if name in self.compute and _read_outside(name, where, lines, groups)}
         codegen = kernel_codegen(self.language)
         hints = {info.symbol: info.hint for info in self.symbols.infos()}

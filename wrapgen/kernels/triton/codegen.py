@@ -78,7 +78,7 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
         self.reduced = tuple(sympy.sympify(s) for s in group.reduced)
         self.xnumel = _product(self.rows)
         self.rnumel = _product(self.reduced) if self.reduction else None
-        self.config = choose_config(self.xnumel, self.rnumel, hints or {})
+        self.config = choose_config(self.xnumel, self.rnumel, hints or {}, self.reduction and self._reads_columns())
         self.counter = 0
         self.params: dict[str, str] = {}
         self.read: list[str] = []
@@ -129,6 +129,22 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
         e = sympy.expand(e.xreplace(zero)) if zero else e
         e = _flatten_dims(e, row_vars(len(self.rows)), self.rows, XFLAT)
         return _flatten_dims(e, red_vars(len(self.reduced)), self.reduced, RFLAT)
+
+    def _reads_columns(self) -> bool:
+        """Whether most loads along the reduced dimension step over it with a stride while the
+        kept dimension is contiguous (a column reduction: choose_config gives it wider blocks)."""
+        columns = rows = 0
+        for member in self.group.members:
+            for load in loads(member.node.body):
+                if load.indirect:
+                    continue
+                e = self._flatten(sympy.expand(sympy.sympify(load.index)))
+                along_r, along_x = e.coeff(RFLAT, 1), e.coeff(XFLAT, 1)
+                if along_r == 1:
+                    rows += 1
+                elif along_r != 0 and along_x == 1:
+                    columns += 1
+        return columns > rows
 
     def _check_bound(self, e: sympy.Expr) -> None:
         """int32 indexing is safe only if every index stays below 2**31 for every size."""

@@ -24,18 +24,27 @@ class LaunchConfig:
     persistent: bool
 
 
-def choose_config(xnumel: sympy.Expr, rnumel: sympy.Expr | None, hint: dict) -> LaunchConfig:
+# A column reduction (the reduced dimension strided, the kept one contiguous: a bias gradient,
+# a layer norm's weight gradient) reads, per reduced element, XBLOCK neighbouring kept elements.
+# At least this many make one 32-byte memory sector of float32 per row, instead of two elements
+# (8 bytes) of each sector, which the row-reduction blocks below would give it.
+COLUMN_XBLOCK = 8
+
+
+def choose_config(xnumel: sympy.Expr, rnumel: sympy.Expr | None, hint: dict, column: bool = False) -> LaunchConfig:
+    """`column`: the reduction reads along a strided reduced dimension (see COLUMN_XBLOCK)."""
     x = int(sympy.sympify(xnumel).xreplace(hint)) if hint is not None else 1
     if rnumel is None:  # pointwise: 1024 elements per program for large problems, fewer for small
         xblock = min(1024, next_pow2(max(x, 1)))
         return LaunchConfig(xblock, None, max(1, min(4, xblock // 256)), False)
     r_static = sympy.sympify(rnumel).is_Integer
     r = int(sympy.sympify(rnumel).xreplace(hint))
+    columns = min(COLUMN_XBLOCK, next_pow2(max(x, 1))) if column else 1
     if r_static and r <= PERSISTENT_LIMIT:
         rblock = next_pow2(max(r, 1))
-        xblock = max(1, min(next_pow2(max(x, 1)), 4096 // rblock, 64))
+        xblock = max(columns, min(next_pow2(max(x, 1)), 4096 // rblock, 64))
         warps = max(1, min(16, xblock * rblock // 256))
         return LaunchConfig(xblock, rblock, warps, True)
     rblock = min(2048, next_pow2(max(r, 1)))
-    xblock = 1 if r >= 256 else max(1, min(64, 2048 // rblock, next_pow2(max(x, 1))))
+    xblock = max(columns, 1 if r >= 256 else max(1, min(64, 2048 // rblock, next_pow2(max(x, 1)))))
     return LaunchConfig(xblock, rblock, max(1, min(8, xblock * rblock // 256)), False)
