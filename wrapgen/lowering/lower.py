@@ -7,6 +7,7 @@ about `kernel_lowering` (its subclass that generates fused kernels).
 from __future__ import annotations
 
 from wrapgen import config
+from wrapgen.lowering.accumulate_into_add import accumulate_into_add
 from wrapgen.lowering.addmm_bias import bias_into_readers
 from wrapgen.lowering.attention_masks import float_attention_masks
 from wrapgen.lowering.broadcast_bmm import fold_broadcast_bmm
@@ -22,6 +23,7 @@ def lower_captured(captured: CapturedGraph, name: str = "forward") -> Program:
     """Lower with generated kernels when `config.kernels` is on, else to library calls only."""
     captured = channels_last_convolutions(captured)  # config.layout_optimization: NHWC convolutions
     captured = fold_broadcast_bmm(captured)  # bmm against one broadcast matrix: one mm
+    captured = accumulate_into_add(captured)  # a + (rows accumulated into zeros): rows accumulated into a
     if config.constant_masks:  # masks that mask nothing, or exactly the causal mask
         captured = drop_constant_masks(captured)
     if config.kernels:
