@@ -235,3 +235,26 @@ def test_specialized_number_input_is_checked_at_call_time() -> None:
     torch.testing.assert_close(compiled(x, 3), x * 3)
     with pytest.raises(InputMismatchError, match="compiled for the value 3, got 4"):
         compiled(x, 4)
+
+
+def _shifted_gradient(logits: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """GPT-2's shifted-logits gradient in small: a slice read through a reshape, scattered back."""
+    batch, tokens, vocab = 2, 6, 7
+    shifted = logits.view(batch, tokens, vocab)[:, :-1, :].reshape(-1, vocab) * w
+    return torch.slice_scatter(torch.zeros(batch, tokens, vocab), shifted.view(batch, tokens - 1, vocab), 1, 0, tokens - 1)
+
+
+@pytest.mark.parametrize("language", ["cpp", "triton"])
+def test_a_clamped_position_is_not_divided_by_the_extent_it_is_clamped_below(language) -> None:
+    """The scatter clamps its read position into the slice (`min(4, x1)`); the view it reads
+    through splits that position by the slice's extent (5), a division and a modulo per element
+    that the clamp makes constant (0) and the identity: neither is left in the kernel."""
+    args = (torch.randn(12, 7), torch.randn(7))
+    with wrapgen.config.patch(cpu_kernels=language):
+        program = wrapgen.lower(_shifted_gradient, args)
+        compiled = wrapgen.compile(_shifted_gradient, args, target="python")
+    sources = "\n".join(line.source for line in program.lines if isinstance(line, KernelDefinition))
+    assert "min" in sources
+    assert "wg_floordiv" not in sources and "wg_mod" not in sources and "// 5" not in sources and "% 5" not in sources
+    fresh = (torch.randn(12, 7), torch.randn(7))
+    torch.testing.assert_close(compiled(*fresh), _shifted_gradient(*fresh))
