@@ -122,3 +122,29 @@ def test_an_input_check_inside_a_piece_still_raises_naming_the_input(tiny_pieces
         compiled(torch.randn(5, 4), torch.randn(4, 4))
     a, b = torch.randn(4, 4), torch.randn(4, 4)
     torch.testing.assert_close(compiled(a, b), (a @ b).relu() + a.sum())
+
+
+def test_the_recording_branch_of_a_graph_region_is_split_too() -> None:
+    body = [f"k{i}(t_a);" for i in range(5)]
+    lines = [
+        "{  // graph g0",
+        "static auto* wg_region_g0 = new wrapgen::graphs::Region();",
+        "wrapgen::graphs::Call wg_g0(*wg_graphs, *wg_region_g0, 0, true, true);",
+        "if (wg_g0.replay()) {",
+        "  t_out = wg_g0.output(0);",
+        "} else {",
+        "wrapgen::Tensor t_a = wg_g0.bind(0);",
+        "wg_g0.begin_body();",
+        *body,
+        "wg_g0.end_body({&t_out}, {});",
+        "}",
+        "}  // graph g0",
+    ]
+    out = split_into_pieces(lines, per_piece=2)
+    assert out[:6] == lines[:6]  # the statics, the guard-like call and the replay branch stay as they were
+    assert out[-2:] == lines[-2:]
+    recording = out[6:-2]
+    assert recording[0] == "wrapgen::Tensor t_a{};"
+    assert recording.count("[&]() {") == 4
+    assert "  wg_g0.begin_body();" in recording and "  t_a = wg_g0.bind(0);" in recording
+    assert all(f"  {line}" in recording for line in body)

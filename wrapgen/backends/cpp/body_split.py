@@ -125,14 +125,35 @@ def _stays_outside(statement: list[str]) -> bool:
     return bool(_DECLARES.match(first)) and not first.startswith(("else", "do ", "do{"))
 
 
+def _split_blocks(statement: list[str], per_piece: int) -> list[str]:
+    """A block statement with the statements inside each of its bodies split in turn (a CUDA
+    graph region holds a whole program in its recording branch)."""
+    if len(statement) <= per_piece:
+        return statement
+    out: list[str] = []
+    run: list[str] = []
+    depth = 0
+    for line in statement:
+        code = _code_only(line).strip()
+        if depth >= 1 and not (depth == 1 and code.startswith("}")):
+            run.append(line)  # inside a body of the block
+        else:
+            out.extend(split_into_pieces(run, per_piece))  # a body ends (or none began)
+            run = []
+            out.append(line)
+        depth += code.count("{") - code.count("}")
+    out.extend(split_into_pieces(run, per_piece))
+    return out
+
+
 def split_into_pieces(lines: list[str], per_piece: int | None = None) -> list[str]:
     """`lines` (the statements of a function body) with their runs of `per_piece` statements
-    (default `STATEMENTS_PER_PIECE`) wrapped in immediately called lambdas; a body of at most
-    `per_piece` statements unchanged."""
+    (default `STATEMENTS_PER_PIECE`) wrapped in immediately called lambdas, and the bodies of
+    long block statements split alike; a body of at most `per_piece` statements unchanged."""
     per_piece = STATEMENTS_PER_PIECE if per_piece is None else per_piece
-    statements = list(_statements(lines))
+    statements = [_split_blocks(s, per_piece) if len(s) > 1 else s for s in _statements(lines)]
     if len(statements) <= per_piece:
-        return list(lines)
+        return [line for statement in statements for line in statement]
     out: list[str] = []
     declarations: list[str] = []
     piece: list[str] = []
