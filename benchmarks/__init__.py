@@ -19,5 +19,6 @@ Modules, one job each:
     model_report    the markdown page of a model run
     model_lowering  per model: generated kernels, launches and ExternKernel lines by op
     graphs_latency  batch-1 decoders: reduce-overhead vs wrapgen with CUDA graphs, interleaved
+    interleaved     the real models' warm calls, every contender kept and timed in rotating rounds
     run             the command line
 """

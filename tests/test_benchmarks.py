@@ -257,3 +257,17 @@ def test_model_options_are_checked() -> None:
     assert [w.name for w in workloads_] == ["gpt2", "gpt2-train", "bert"]
     assert workloads_[1].training and all(w.atol_scaled for w in workloads_)
     assert [w.rtol for w in workloads_] == [5e-2, 1e-1, 5e-2]
+
+
+def test_interleaved_rounds_rotate_the_order_and_time_every_contender() -> None:
+    from benchmarks import interleaved
+
+    order: list[str] = []
+    calls = {name: (lambda name=name: order.append(name)) for name in ("a", "b", "c")}
+    times = interleaved.interleave(calls, "cpu", rounds=4, per_batch=2)
+    assert {name: len(values) for name, values in times.items()} == {"a": 4, "b": 4, "c": 4}
+    firsts = order[::6]  # each round is 3 batches of 2 calls
+    assert firsts == ["a", "b", "c", "a"]
+    text = interleaved.table({"gpt2": {"torch.compile": [0.002, 0.004, 0.003], "wrapgen[python]": [0.0015, 0.0015]}})
+    assert "| gpt2 | torch.compile | 3.00 | 2.00 - 4.00 | — |" in text
+    assert "| gpt2 | wrapgen[python] | 1.50 | 1.50 - 1.50 | 2.000x |" in text
