@@ -103,3 +103,16 @@ def test_a_column_reduction_reads_whole_memory_sectors_per_row() -> None:
     blocks = [dict(dict(k.metadata)["constexprs"]) for k in program.lines if isinstance(k, KernelDefinition)]
     configs = sorted(blocks, key=lambda c: c["RBLOCK"])
     assert configs == [{"XBLOCK": 4, "RBLOCK": 1024}, {"XBLOCK": COLUMN_XBLOCK, "RBLOCK": 2048}]
+
+
+def test_a_long_column_reduction_loops_over_its_rows() -> None:
+    """8 columns of 4096 rows would hold 32768 values in registers: such a column reduction
+    loops over its rows in blocks of 2048 instead (and matches eager, in Triton's interpreter)."""
+    from wrapgen.kernels.triton.launch_config import COLUMN_XBLOCK, choose_config
+
+    config = choose_config(sympy.Integer(768), sympy.Integer(4096), {}, column=True)
+    assert (config.xblock, config.rblock, config.persistent) == (COLUMN_XBLOCK, 2048, False)
+    g = torch.randn(4096, 24)
+    with wrapgen.config.patch(cpu_kernels="triton"):
+        compiled = wrapgen.compile(lambda t: t.sum(0), (g,), target="python")
+    torch.testing.assert_close(compiled(g), g.sum(0))

@@ -29,6 +29,9 @@ class LaunchConfig:
 # At least this many make one 32-byte memory sector of float32 per row, instead of two elements
 # (8 bytes) of each sector, which the row-reduction blocks below would give it.
 COLUMN_XBLOCK = 8
+# A column reduction keeps a whole column block in registers (persistent) only up to this many
+# elements (8 columns of 2048 rows: 32 per thread at 16 warps); longer ones loop over the rows.
+COLUMN_PERSISTENT_ELEMENTS = 16384
 
 
 def choose_config(xnumel: sympy.Expr, rnumel: sympy.Expr | None, hint: dict, column: bool = False) -> LaunchConfig:
@@ -40,7 +43,8 @@ def choose_config(xnumel: sympy.Expr, rnumel: sympy.Expr | None, hint: dict, col
     r_static = sympy.sympify(rnumel).is_Integer
     r = int(sympy.sympify(rnumel).xreplace(hint))
     columns = min(COLUMN_XBLOCK, next_pow2(max(x, 1))) if column else 1
-    if r_static and r <= PERSISTENT_LIMIT:
+    in_registers = not column or columns * next_pow2(max(r, 1)) <= COLUMN_PERSISTENT_ELEMENTS
+    if r_static and r <= PERSISTENT_LIMIT and in_registers:
         rblock = next_pow2(max(r, 1))
         xblock = max(columns, min(next_pow2(max(x, 1)), 4096 // rblock, 64))
         warps = max(1, min(16, xblock * rblock // 256))
