@@ -8,6 +8,7 @@ import platform
 import re
 import socket
 import subprocess
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -62,7 +63,25 @@ def _git_commit() -> str | None:
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
-    return commit + ("+dirty" if dirty else "")
+    if not dirty:
+        return commit
+    tree = _working_tree(root)
+    return f"{commit}+dirty" + (f", tree {tree}" if tree else "")
+
+
+def _working_tree(root: Path) -> str | None:
+    """The git tree hash of the files as they are (tracked and untracked, less what .gitignore
+    leaves out), made through a scratch index: a checkout copied elsewhere (a GPU host) keeps an
+    old HEAD, and this hash names the tree that ran. `git rev-parse <commit>^{tree}` gives the same
+    hash for the commit that holds these files."""
+    with tempfile.TemporaryDirectory() as scratch:
+        env = {**os.environ, "GIT_INDEX_FILE": os.path.join(scratch, "index")}
+        try:
+            subprocess.run(["git", "add", "-A"], cwd=root, env=env, capture_output=True, timeout=60, check=True)
+            return subprocess.run(["git", "write-tree"], cwd=root, env=env, capture_output=True, text=True,
+                                  timeout=60, check=True).stdout.strip()[:12]
+        except (OSError, subprocess.SubprocessError):
+            return None
 
 
 @dataclass(frozen=True)

@@ -271,3 +271,30 @@ def test_interleaved_rounds_rotate_the_order_and_time_every_contender() -> None:
     text = interleaved.table({"gpt2": {"torch.compile": [0.002, 0.004, 0.003], "wrapgen[python]": [0.0015, 0.0015]}})
     assert "| gpt2 | torch.compile | 3.00 | 2.00 - 4.00 | — |" in text
     assert "| gpt2 | wrapgen[python] | 1.50 | 1.50 - 1.50 | 2.000x |" in text
+
+
+def test_a_dirty_checkout_is_named_by_the_tree_that_ran(tmp_path: Path) -> None:
+    """A result file names a modified checkout by its working tree's hash, which equals the tree
+    of the commit that later holds those files."""
+    import shutil
+    import subprocess
+
+    from benchmarks import machine
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("one\n")
+    git("add", "-A")
+    git("commit", "-qm", "one")
+    (tmp_path / "a.py").write_text("two\n")
+    (tmp_path / "b.py").write_text("new\n")
+    running = machine._working_tree(tmp_path)
+    git("add", "-A")
+    git("commit", "-qm", "two")
+    assert running == git("rev-parse", "HEAD^{tree}")[:12]
