@@ -27,6 +27,7 @@ import torch
 from torch.utils._sympy.functions import CeilDiv
 
 from wrapgen.kernels.cpp.codegen import GeneratedKernel
+from wrapgen.kernels.online_softmax import merge_online_softmax
 from wrapgen.kernels.segments import in_place_pairs, segments
 from wrapgen.kernels.triton.launch_config import LaunchConfig, choose_config
 from wrapgen.kernels.triton.ops import ARG_REDUCTIONS, OpRenderer, SourceWriter, compute_tl, literal
@@ -92,6 +93,8 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
         self.hints = hints or {}
         self.var_axes: dict[str, frozenset[str]] = {}  # temporaries: the loop axes their block spans
         self.gather_indices: dict[sympy.Symbol, frozenset[str]] = {}  # indices read from data: their axes
+        self.online: dict[str, str] = {}  # sums of exp computed online with their maximum: {sum: max}
+        self.deferred: set[str] = set()  # inner values only those sums read: not computed
 
     # -- sizes and indices -------------------------------------------------------------------
     def size(self, expr: object) -> str:
@@ -318,7 +321,10 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
                     local[m.node.name] = var
                     self.store(m, var, body)
         else:
-            for kind, ms in self.items:
+            items = self.items
+            if not self.config.persistent:
+                items, self.online, self.deferred = merge_online_softmax(self.items, self.stored)
+            for kind, ms in items:
                 if kind == "row":
                     m = ms[0]
                     var = self.value(m.node.body, memo, local, body, {})
@@ -352,6 +358,9 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
 
     def looped_segment(self, members: list[Member], memo: dict, local: dict[str, str], w: SourceWriter) -> None:
         reductions = [m for m in members if m.level == "reduction"]
+        online = {s: mx for s, mx in self.online.items() if s in self.members and mx in {m.node.name for m in reductions}}
+        online_sum = {mx: s for s, mx in online.items()}
+        deferred = self.deferred
         accs = {}
         best_index: dict[str, str] = {}
         for m in reductions:
@@ -370,6 +379,8 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
         inner_memo, inner_local = dict(memo), dict(local)
         recompute = {n: m for n, m in self.members.items() if m.level == "inner" and n not in inner_local}
         for m in members:
+            if m.node.name in deferred or m.node.name in online:
+                continue  # computed by the online update of its maximum
             var = self.value(m.node.body, inner_memo, inner_local, loop_body, recompute)
             if m.level == "inner":
                 inner_local[m.node.name] = var
@@ -391,13 +402,30 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
                 loop_body.line(f"{acc} = {acc} + {update}")
             elif kind == "prod":
                 loop_body.line(f"{acc} = {acc} * {update}")
+            elif m.node.name in online_sum:
+                self._online_update(acc, accs[online_sum[m.node.name]], update, loop_body)
             else:
                 loop_body.line(f"{acc} = {self._elementwise_extreme(m, acc, update)}")
         self._decompose(inner, "r")
         w.lines += inner.lines + loop_body.lines
         self.used_vars = {v for v in self.used_vars if not v.startswith("r")}
         for m in reductions:
+            if m.node.name in online:
+                continue  # finished with its maximum
             result = self.tmp()
+            if m.node.name in online_sum:
+                total = self.tmp()
+                partner = self.members[online_sum[m.node.name]]
+                self._online_finish(accs[m.node.name], accs[partner.node.name], result, total, w)
+                for member, reduced in ((m, result), (partner, total)):
+                    final = self._finalize(member, reduced)
+                    if final != reduced:
+                        final = self.tmp()
+                        w.line(f"{final} = {self._finalize(member, reduced)}")
+                    self.var_axes[final] = frozenset("x")
+                    local[member.node.name] = final
+                    self.store(member, final, w)
+                continue
             if m.node.reduction in ARG_REDUCTIONS:
                 w.line(f"{result} = {self._arg_reduce(m, accs[m.node.name], best_index[m.node.name])}")
             else:

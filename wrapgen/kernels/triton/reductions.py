@@ -113,3 +113,25 @@ class ReductionRenderer:
         """The winning index of a [XBLOCK, RBLOCK] block of (value, index) pairs, as [XBLOCK, 1]."""
         self.helpers.add(f"_wg_{m.node.reduction}")
         return f"tl.reduce(({values}, {indices}), 1, _wg_{m.node.reduction})[1][:, None]"
+
+    def _online_update(self, maximum: str, total: str, update: str, w: SourceWriter) -> None:
+        """One step of the online `sum(exp(v - max(v)))` (see `wrapgen.kernels.online_softmax`):
+        per lane, the largest value so far and the sum of exp relative to it. A lane that has
+        seen only -inf (or masked) values keeps a zero sum, where exp(-inf - -inf) is NaN."""
+        self.helpers.add("_wg_maximum")
+        value, grown, scale, term = self.tmp(), self.tmp(), self.tmp(), self.tmp()
+        w.line(f"{value} = {update}")
+        w.line(f"{grown} = _wg_maximum({maximum}, {value})")
+        w.line(f"{scale} = tl.where({grown} == {maximum}, 1.0, tl.exp({maximum} - {grown}))")
+        w.line(f"{term} = tl.where({grown} == float('-inf'), 0.0, tl.exp({value} - {grown}))")
+        w.line(f"{total} = {total} * {scale} + {term}")
+        w.line(f"{maximum} = {grown}")
+
+    def _online_finish(self, maximum: str, total: str, max_out: str, sum_out: str, w: SourceWriter) -> None:
+        """The row's maximum and sum from the lanes' [XBLOCK, RBLOCK] (max, sum) pairs, as [XBLOCK, 1].
+        A row of -inf values gets a NaN sum, as the two-pass form gives (exp(-inf - -inf))."""
+        self.helpers.add("_wg_maximum")
+        w.line(f"{max_out} = tl.reduce({maximum}, 1, _wg_maximum)[:, None]")
+        scaled = f"{total} * tl.where({maximum} == {max_out}, 1.0, tl.exp({maximum} - {max_out}))"
+        w.line(f"{sum_out} = tl.sum({scaled}, 1)[:, None]")
+        w.line(f"{sum_out} = tl.where(({max_out} == float('-inf')) & (rnumel > 0), float('nan'), {sum_out})")
