@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import measure, model_suite, models
+from benchmarks import machine, measure, model_suite, models
 from benchmarks.contenders import Contender
 from benchmarks.harness import build_callable
 from benchmarks.workloads import Workload
@@ -78,6 +78,15 @@ def table(results: dict[str, dict[str, list[float]]], reference: str = "torch.co
     return "\n".join(lines)
 
 
+def provenance(device: str, argv: list[str]) -> str:
+    """Where and from what a table was measured: a result file read later needs the machine,
+    the versions and the commit (a modified checkout names its tree), and the command."""
+    info = machine.collect(device)
+    return (f"Measured {info.date} {info.time} on {info.machine} ({info.cores} cores); torch {info.torch}, "
+            f"Triton {info.triton}, wrapgen {info.wrapgen} (commit {info.wrapgen_commit}). "
+            f"Command: `python -m benchmarks.interleaved {' '.join(argv)}`.")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -104,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out:
         with open(args.out, "w") as handle:
-            handle.write(text + "\n")
+            handle.write(provenance(args.device, sys.argv[1:] if argv is None else argv) + "\n\n" + text + "\n")
     return 0
 
 

@@ -271,6 +271,9 @@ def test_interleaved_rounds_rotate_the_order_and_time_every_contender() -> None:
     text = interleaved.table({"gpt2": {"torch.compile": [0.002, 0.004, 0.003], "wrapgen[python]": [0.0015, 0.0015]}})
     assert "| gpt2 | torch.compile | 3.00 | 2.00 - 4.00 | — |" in text
     assert "| gpt2 | wrapgen[python] | 1.50 | 1.50 - 1.50 | 2.000x |" in text
+    header = interleaved.provenance("cpu", ["--models", "gpt2", "--rounds", "4"])
+    assert torch.__version__ in header and "commit" in header
+    assert "`python -m benchmarks.interleaved --models gpt2 --rounds 4`" in header
 
 
 def test_a_dirty_checkout_is_named_by_the_tree_that_ran(tmp_path: Path) -> None:
