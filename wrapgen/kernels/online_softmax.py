@@ -18,12 +18,12 @@ from wrapgen.lowering.scheduler import Member
 
 
 def merge_online_softmax(items: list[Item], stored: set[str]) -> tuple[list[Item], dict[str, str], set[str]]:
-    """`items` with each (max pass, sum-of-exp pass) pair merged into one pass; the merged
-    sums, {sum member: max member}; and the inner members that only fed them (`v - max`, its
-    exp), which the merged pass does not compute. A pair merges only when the second pass uses the first's
-    reductions in nothing but `sum(exp(v - max))`, where `v` is what the maximum was taken of,
-    and every value in between is read by that sum alone and not stored. Row values between
-    the passes (a copy of the maximum) follow the merged pass."""
+    """`items` with each (max pass, sum-of-exp pass) pair merged into one pass; the merged sums,
+    {sum member: max member}; and the inner members that only fed them (`v - max`, its exp),
+    which the merged pass does not compute. A pair merges only when the second pass uses the
+    first's reductions in nothing but `sum(exp(v - max))`, where `v` is what the maximum was
+    taken of, and every value in between is read by that sum alone and not stored. Row values
+    between the passes (a copy of the maximum) follow the merged pass."""
     inner = {m.node.name: m.node.body for _, ms in items for m in ms if m.level == "inner"}
     out: list[Item] = []
     partners: dict[str, str] = {}

@@ -358,9 +358,9 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
 
     def looped_segment(self, members: list[Member], memo: dict, local: dict[str, str], w: SourceWriter) -> None:
         reductions = [m for m in members if m.level == "reduction"]
-        online = {s: mx for s, mx in self.online.items() if s in self.members and mx in {m.node.name for m in reductions}}
+        here = {m.node.name for m in reductions}
+        online = {s: mx for s, mx in self.online.items() if mx in here}  # merged sums of this pass
         online_sum = {mx: s for s, mx in online.items()}
-        deferred = self.deferred
         accs = {}
         best_index: dict[str, str] = {}
         for m in reductions:
@@ -379,7 +379,7 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
         inner_memo, inner_local = dict(memo), dict(local)
         recompute = {n: m for n, m in self.members.items() if m.level == "inner" and n not in inner_local}
         for m in members:
-            if m.node.name in deferred or m.node.name in online:
+            if m.node.name in self.deferred or m.node.name in online:
                 continue  # computed by the online update of its maximum
             var = self.value(m.node.body, inner_memo, inner_local, loop_body, recompute)
             if m.level == "inner":
@@ -420,8 +420,8 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
                 for member, reduced in ((m, result), (partner, total)):
                     final = self._finalize(member, reduced)
                     if final != reduced:
-                        final = self.tmp()
-                        w.line(f"{final} = {self._finalize(member, reduced)}")
+                        w.line(f"{(name := self.tmp())} = {final}")
+                        final = name
                     self.var_axes[final] = frozenset("x")
                     local[member.node.name] = final
                     self.store(member, final, w)
