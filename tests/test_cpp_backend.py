@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import threading
 
 import pytest
 import torch
@@ -147,6 +148,32 @@ def test_torch_compile_with_cpp_target():
         x = torch.randn(n, 8)
         with torch.no_grad():
             torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_threads_calling_one_model_keep_their_own_call_buffers():
+    """Each call packs its inputs into C memory it takes from the model's free list: threads
+    calling at once, with sizes passed as int inputs (dynamic shapes), never see each other's."""
+    model = e2e.MLP().eval()
+    compiled = torch.compile(model, backend="wrapgen", options={"target": "cpp"}, dynamic=True, fullgraph=True)
+    with torch.no_grad():
+        compiled(torch.randn(3, 8))
+        compiled(torch.randn(4, 8))  # dynamic from here: the sizes come in as int inputs
+    failures: list[str] = []
+
+    def work(rows: int) -> None:
+        with torch.no_grad():
+            for _ in range(40):
+                x = torch.randn(rows, 8)
+                out = compiled(x)
+                if out.shape != (rows, model(x).shape[1]) or not torch.allclose(out, model(x), rtol=1e-4, atol=1e-5):
+                    failures.append(f"rows {rows}")
+
+    threads = [threading.Thread(target=work, args=(rows,)) for rows in (3, 5, 6, 7)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures
 
 
 # -- bad inputs: Python exceptions, never a crash -------------------------------------------------

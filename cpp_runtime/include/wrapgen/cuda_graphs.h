@@ -25,8 +25,8 @@
 //
 // Threads: runs of a model with graphs are serialized by the program's mutex (`RunGuard`, held
 // for the whole run, since graph memory is shared by all runs), and a run on another stream than
-// the previous run's waits for that run's work (an event recorded as each run ends), so static
-// buffers are never written while a replay reads.
+// the previous run's waits for the work queued on that stream so far (an event recorded there as
+// the new run starts), so static buffers are never written while a replay reads.
 //
 // The driver comes from cuda_driver.h (dlopen of libcuda): this header compiles without the CUDA
 // toolkit; without USE_CUDA (a CPU model) a region always runs eagerly.
@@ -121,9 +121,9 @@ inline std::atomic<uint64_t>& workspace_epoch() {
 struct Program {
   std::mutex mutex;
   CUstream capture_stream = nullptr;  // made on the first warm-up; warm-ups and recordings run on it
-  CUevent done = nullptr;
-  CUstream done_on = nullptr;    // the stream the last run ended on (`done` recorded there) ...
-  bool done_on_known = false;    // ... when known (the default stream's handle is null too)
+  CUevent done = nullptr;        // orders the capture stream and a new run's stream after earlier work
+  CUstream done_on = nullptr;    // the stream the last run ran on ...
+  bool done_on_known = false;    // ... once there was one (the default stream's handle is null too)
   uint64_t generation = 0;  // of the last graph recorded
   uint64_t last = 0;        // of the last graph replayed in the current run
 };
@@ -133,28 +133,24 @@ class RunGuard {
  public:
   RunGuard(Program& program, int32_t device) : program_(program), lock_(program.mutex), device_(device) {
 #ifdef USE_CUDA
-    // A run on the stream the last one ended on is already ordered after it: no wait queued.
-    const auto stream = static_cast<CUstream>(current_cuda_stream(device_));
-    if (program_.done != nullptr && !(program_.done_on_known && program_.done_on == stream)) {
+    // Only a run on another stream than the last one's is ordered, and only then is an event
+    // recorded on that stream: a run on the same stream (the usual case) queues nothing extra
+    // between one run's graph launches and the next's.
+    stream_ = static_cast<CUstream>(current_cuda_stream(device_));
+    if (program_.done_on_known && program_.done_on != stream_) {
       const Driver& d = driver();
-      d.check(d.cuStreamWaitEvent(stream, program_.done, 0), "cuStreamWaitEvent");
+      if (program_.done == nullptr) d.check(d.cuEventCreate(&program_.done, kEventDisableTiming), "cuEventCreate");
+      // A failed record means the last run's stream was destroyed meanwhile: nothing to wait for.
+      if (d.cuEventRecord(program_.done, program_.done_on) == 0) {
+        d.check(d.cuStreamWaitEvent(stream_, program_.done, 0), "cuStreamWaitEvent");
+      }
     }
 #endif
   }
   ~RunGuard() {
 #ifdef USE_CUDA
-    try {
-      program_.done_on_known = false;
-      if (program_.done != nullptr) {
-        const Driver& d = driver();
-        const auto stream = static_cast<CUstream>(current_cuda_stream(device_));
-        if (d.cuEventRecord(program_.done, stream) == 0) {
-          program_.done_on = stream;
-          program_.done_on_known = true;
-        }
-      }
-    } catch (...) {
-    }
+    program_.done_on = stream_;
+    program_.done_on_known = true;
 #endif
   }
   RunGuard(const RunGuard&) = delete;
@@ -164,6 +160,9 @@ class RunGuard {
   Program& program_;
   std::lock_guard<std::mutex> lock_;
   int32_t device_;
+#ifdef USE_CUDA
+  CUstream stream_ = nullptr;
+#endif
 };
 
 // One run of one region.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import struct
 import threading
 from collections.abc import Sequence
 
@@ -33,6 +34,36 @@ class WgValue(ctypes.Structure):
         ("f", ctypes.c_double),
         ("t", ctypes.c_void_p),
     ]
+
+
+# WgValue as `struct` packs it: a whole call's inputs are written, and its outputs read, in one
+# step each instead of one ctypes attribute access per field.
+_VALUE_FORMAT = "iiqdQ"  # kind, reserved, i, f, t
+_FIELDS = len(_VALUE_FORMAT)
+assert struct.calcsize("=" + _VALUE_FORMAT) == ctypes.sizeof(WgValue)
+_TENSOR_KIND, _INT_KIND, _FLOAT_KIND = _KINDS["tensor"], _KINDS["int"], _KINDS["float"]
+
+
+class _CallBuffers:
+    """The C memory one call passes to `wg_run` (inputs, outputs, error message), kept for the
+    next call: a model's calls take a free set each (a list's pop/append is atomic), so
+    threads, and a call nested in another, never share one."""
+
+    __slots__ = ("fields", "inputs", "outputs", "message", "arguments")
+
+    def __init__(self, n: int, m: int) -> None:
+        self.fields = [0] * (_FIELDS * n)  # the input array's fields, refilled by each call
+        for k in range(n):
+            self.fields[_FIELDS * k + 3] = 0.0
+        self.inputs = (WgValue * max(1, n))()
+        self.outputs = (WgValue * max(1, m))()
+        self.message = ctypes.create_string_buffer(_MESSAGE_SIZE)
+        # wg_run's arguments after the constants, as ready C values (no conversion per call)
+        self.arguments = (
+            ctypes.c_void_p(ctypes.addressof(self.inputs)), ctypes.c_int64(n),
+            ctypes.c_void_p(ctypes.addressof(self.outputs)), ctypes.c_int64(m),
+            ctypes.c_void_p(ctypes.addressof(self.message)), ctypes.c_int64(_MESSAGE_SIZE),
+        )
 
 
 class ModelLoadError(RuntimeError):
@@ -89,10 +120,9 @@ class CppModel:
             register_forwarding_ops()  # the ops the library calls through the dispatcher
         self._run = self.library.wg_run
         self._run.restype = ctypes.c_int32
-        self._run.argtypes = [
-            ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(WgValue), ctypes.c_int64,
-            ctypes.POINTER(WgValue), ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64,
-        ]
+        # (constants, num_constants, inputs, num_inputs, outputs, num_outputs, message, size):
+        # every call passes ready ctypes values (`_CallBuffers.arguments`), so no argtypes
+        self._run.argtypes = None
         # Models with CUDA graphs: their recorded matmuls use a cuBLAS workspace PyTorch owns
         # and may free (cuda_graphs.h, workspace_epoch); told of each clear, they record again.
         cleared = getattr(self.library, "wg_workspaces_cleared", None)
@@ -105,8 +135,14 @@ class CppModel:
         self.inputs = self.metadata["inputs"]
         self.output_kinds = [o["kind"] for o in self.metadata["outputs"]]
         self._tensor_positions = [i for i, s in enumerate(self.inputs) if s["kind"] == "tensor"]
+        # (position, kind, name) of each input, and the packers of the input and output arrays
+        self._input_plan = tuple((i, _KINDS.get(s["kind"], _INT_KIND), s["name"]) for i, s in enumerate(self.inputs))
+        self._pack_inputs = struct.Struct("=" + _VALUE_FORMAT * len(self.inputs))
+        self._unpack_outputs = struct.Struct("=" + _VALUE_FORMAT * max(1, len(self.output_kinds)))
+        self._free_buffers: list[_CallBuffers] = []
         self._constant_handles: list[int] = []
         self._constants = (ctypes.c_void_p * 1)()
+        self._constants_arg = (ctypes.c_void_p(ctypes.addressof(self._constants)), ctypes.c_int64(0))  # swapped as one
         self._constant_values: list[torch.Tensor] = []
         self._lock = threading.Lock()
 
@@ -127,6 +163,7 @@ class CppModel:
         with self._lock:
             old = self._constant_handles
             self._constant_handles, self._constants, self._constant_values = handles, array, list(values)
+            self._constants_arg = (ctypes.c_void_p(ctypes.addressof(array)), ctypes.c_int64(len(handles)))
         if old:
             _from_handles(old)  # release the previous set's references
 
@@ -136,26 +173,34 @@ class CppModel:
             _from_handles(handles)
 
     def __call__(self, args: list) -> tuple:
-        n = len(self.inputs)
+        n = len(self._input_plan)
         if len(args) != n:
             raise InputMismatchError(f"expected {n} inputs, got {len(args)}")
-        values = (WgValue * max(1, n))()
+        free = self._free_buffers
+        buffers = free.pop() if free else _CallBuffers(n, len(self.output_kinds))
+        try:
+            return self._run_with(buffers, args)
+        finally:
+            free.append(buffers)
+
+    def _run_with(self, buffers: _CallBuffers, args: list) -> tuple:
+        fields = buffers.fields
         tensors = []
-        for i, spec in enumerate(self.inputs):
-            value = args[i]
-            kind = spec["kind"]
-            if kind == "tensor":
+        for position, kind, name in self._input_plan:
+            value = args[position]
+            at = _FIELDS * position
+            if kind == _TENSOR_KIND:
                 if not isinstance(value, torch.Tensor):
-                    raise InputMismatchError(f"input {spec['name']}: expected a tensor, got {type(value).__name__}")
+                    raise InputMismatchError(f"input {name}: expected a tensor, got {type(value).__name__}")
                 tensors.append(value)
-            elif kind == "float":
+            elif kind == _FLOAT_KIND:
                 if not isinstance(value, (int, float)):
-                    raise InputMismatchError(f"input {spec['name']}: expected a number, got {type(value).__name__}")
-                values[i].kind, values[i].f = 2, float(value)
+                    raise InputMismatchError(f"input {name}: expected a number, got {type(value).__name__}")
+                fields[at], fields[at + 2], fields[at + 3], fields[at + 4] = _FLOAT_KIND, 0, float(value), 0
             else:
                 if not isinstance(value, int):
-                    raise InputMismatchError(f"input {spec['name']}: expected an int, got {type(value).__name__}")
-                values[i].kind, values[i].i = 1, int(value)
+                    raise InputMismatchError(f"input {name}: expected an int, got {type(value).__name__}")
+                fields[at], fields[at + 2], fields[at + 3], fields[at + 4] = _INT_KIND, int(value), 0.0, 0
         args.clear()  # boxed convention: the caller's list no longer keeps inputs alive
         handles = _to_handles(tensors) if tensors else []
         # ... nor does this frame: wg_run frees each input at its last use (a backward graph's
@@ -163,30 +208,33 @@ class CppModel:
         tensors.clear()
         value = None
         for position, handle in zip(self._tensor_positions, handles):
-            values[position].kind, values[position].t = 0, handle  # taken over by wg_run
+            at = _FIELDS * position
+            fields[at], fields[at + 2], fields[at + 3], fields[at + 4] = _TENSOR_KIND, 0, 0.0, handle  # taken over by wg_run
+        if fields:
+            self._pack_inputs.pack_into(buffers.inputs, 0, *fields)
         m = len(self.output_kinds)
-        outputs = (WgValue * max(1, m))()
-        message = ctypes.create_string_buffer(_MESSAGE_SIZE)
-        constants = self._constants  # one consistent set for this call, even if swapped meanwhile
-        status = self._run(constants, len(self._constant_handles), values, n, outputs, m, message, _MESSAGE_SIZE)
+        constants, count = self._constants_arg  # one consistent set for this call, even if swapped meanwhile
+        status = self._run(constants, count, *buffers.arguments)
         if status != 0:
-            raise_error(status, message.value.decode(errors="replace"))
-        return self._outputs(outputs, m)
+            raise_error(status, buffers.message.value.decode(errors="replace"))
+        return self._outputs(self._unpack_outputs.unpack_from(buffers.outputs), m)
 
-    def _outputs(self, outputs, m: int) -> tuple:
-        handles = [outputs[i].t for i in range(m) if outputs[i].kind == 0]
+    @staticmethod
+    def _outputs(fields: tuple, m: int) -> tuple:
+        """The outputs from the output array's fields (`_VALUE_FORMAT` per value)."""
+        handles = [fields[_FIELDS * i + 4] for i in range(m) if fields[_FIELDS * i] == _TENSOR_KIND]
         tensors = iter(_from_handles(handles)) if handles else iter(())
         result = []
         for i in range(m):
-            kind = outputs[i].kind
-            if kind == 0:
+            kind = fields[_FIELDS * i]
+            if kind == _TENSOR_KIND:
                 result.append(next(tensors))
-            elif kind == 1:
-                result.append(int(outputs[i].i))
-            elif kind == 2:
-                result.append(float(outputs[i].f))
-            elif kind == 3:
-                result.append(bool(outputs[i].i))
+            elif kind == _INT_KIND:
+                result.append(fields[_FIELDS * i + 2])
+            elif kind == _FLOAT_KIND:
+                result.append(fields[_FIELDS * i + 3])
+            elif kind == _KINDS["bool"]:
+                result.append(bool(fields[_FIELDS * i + 2]))
             else:
                 result.append(None)
         return tuple(result)
