@@ -142,7 +142,8 @@ class CppModel:
         self._free_buffers: list[_CallBuffers] = []
         self._constant_handles: list[int] = []
         self._constants = (ctypes.c_void_p * 1)()
-        self._constants_arg = (ctypes.c_void_p(ctypes.addressof(self._constants)), ctypes.c_int64(0))  # swapped as one
+        # (the array itself, its count): swapped as one, and a call's local copy keeps the array alive
+        self._constants_arg = (self._constants, ctypes.c_int64(0))
         self._constant_values: list[torch.Tensor] = []
         self._lock = threading.Lock()
 
@@ -163,7 +164,7 @@ class CppModel:
         with self._lock:
             old = self._constant_handles
             self._constant_handles, self._constants, self._constant_values = handles, array, list(values)
-            self._constants_arg = (ctypes.c_void_p(ctypes.addressof(array)), ctypes.c_int64(len(handles)))
+            self._constants_arg = (array, ctypes.c_int64(len(handles)))
         if old:
             _from_handles(old)  # release the previous set's references
 
