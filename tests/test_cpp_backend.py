@@ -176,6 +176,43 @@ def test_threads_calling_one_model_keep_their_own_call_buffers():
     assert not failures, failures
 
 
+def test_weights_swapped_while_threads_call():
+    """`set_constants` while calls run: each call reads the set it started with, whole (a set
+    swapped out is released only after its last call returns)."""
+    model = torch.nn.Linear(8, 4).eval()
+    x = torch.randn(3, 8)
+    compiled = compile_cpp(model, (x,), (True, "reuse"))
+    call = compiled.artifact.call
+    specs = [c.name for c in compiled.program.constants]
+    first = [compiled.program.constant_values()[name] for name in specs]
+    with torch.no_grad():
+        expected = model(x)
+    sets = [first, [t * 2 for t in first]]  # the second set doubles the output
+    stop = threading.Event()
+    failures: list[str] = []
+
+    def work() -> None:
+        with torch.no_grad():
+            while not stop.is_set():
+                out = call([x])[0]
+                if not (torch.allclose(out, expected, atol=1e-5) or torch.allclose(out, 2 * expected, atol=1e-5)):
+                    failures.append("a call mixed two weight sets or read freed memory")
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for k in range(200):
+            call.set_constants([t.clone() for t in sets[k % 2]])
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not failures, failures[:3]
+    call.set_constants(first)
+    torch.testing.assert_close(call([x])[0], expected)
+
+
 # -- bad inputs: Python exceptions, never a crash -------------------------------------------------
 
 

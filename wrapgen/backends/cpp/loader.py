@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import json
 import struct
-import threading
 from collections.abc import Sequence
 
 import torch
@@ -64,6 +63,24 @@ class _CallBuffers:
             ctypes.c_void_p(ctypes.addressof(self.outputs)), ctypes.c_int64(m),
             ctypes.c_void_p(ctypes.addressof(self.message)), ctypes.c_int64(_MESSAGE_SIZE),
         )
+
+
+class _ConstantSet:
+    """One binding of a model's constants: the handles `wg_run` borrows, in a C array. A call
+    holds the set it started with, so a set swapped out meanwhile releases its references
+    only after the last call that reads it has returned."""
+
+    __slots__ = ("values", "handles", "array", "count")
+
+    def __init__(self, values: list[torch.Tensor], handles: list[int]) -> None:
+        self.values, self.handles = values, handles
+        self.array = (ctypes.c_void_p * max(1, len(handles)))(*handles)
+        self.count = ctypes.c_int64(len(handles))
+
+    def __del__(self) -> None:
+        if self.handles:
+            handles, self.handles = self.handles, []
+            _from_handles(handles)
 
 
 class ModelLoadError(RuntimeError):
@@ -140,12 +157,7 @@ class CppModel:
         self._pack_inputs = struct.Struct("=" + _VALUE_FORMAT * len(self.inputs))
         self._unpack_outputs = struct.Struct("=" + _VALUE_FORMAT * max(1, len(self.output_kinds)))
         self._free_buffers: list[_CallBuffers] = []
-        self._constant_handles: list[int] = []
-        self._constants = (ctypes.c_void_p * 1)()
-        # (the array itself, its count): swapped as one, and a call's local copy keeps the array alive
-        self._constants_arg = (self._constants, ctypes.c_int64(0))
-        self._constant_values: list[torch.Tensor] = []
-        self._lock = threading.Lock()
+        self._constants = _ConstantSet([], [])
 
     def live_handles(self) -> int:
         """Tensor handles the library's code holds now (0 between calls: the leak check)."""
@@ -159,19 +171,8 @@ class CppModel:
         missing = [s["name"] for s, v in zip(specs, values) if not isinstance(v, torch.Tensor)]
         if missing:
             raise ValueError(f"constants without a value: {', '.join(missing)}")
-        handles = _to_handles(list(values)) if values else []
-        array = (ctypes.c_void_p * max(1, len(handles)))(*handles)
-        with self._lock:
-            old = self._constant_handles
-            self._constant_handles, self._constants, self._constant_values = handles, array, list(values)
-            self._constants_arg = (array, ctypes.c_int64(len(handles)))
-        if old:
-            _from_handles(old)  # release the previous set's references
-
-    def __del__(self) -> None:
-        handles = getattr(self, "_constant_handles", None)
-        if handles:
-            _from_handles(handles)
+        constants = _ConstantSet(list(values), _to_handles(list(values)) if values else [])
+        self._constants = constants  # the previous set goes once no call holds it
 
     def __call__(self, args: list) -> tuple:
         n = len(self._input_plan)
@@ -214,8 +215,8 @@ class CppModel:
         if fields:
             self._pack_inputs.pack_into(buffers.inputs, 0, *fields)
         m = len(self.output_kinds)
-        constants, count = self._constants_arg  # one consistent set for this call, even if swapped meanwhile
-        status = self._run(constants, count, *buffers.arguments)
+        constants = self._constants  # one consistent set for this call, alive until it returns
+        status = self._run(constants.array, constants.count, *buffers.arguments)
         if status != 0:
             raise_error(status, buffers.message.value.decode(errors="replace"))
         return self._outputs(self._unpack_outputs.unpack_from(buffers.outputs), m)
