@@ -40,7 +40,7 @@ class WgValue(ctypes.Structure):
 _VALUE_FORMAT = "iiqdQ"  # kind, reserved, i, f, t
 _FIELDS = len(_VALUE_FORMAT)
 assert struct.calcsize("=" + _VALUE_FORMAT) == ctypes.sizeof(WgValue)
-_TENSOR_KIND, _INT_KIND, _FLOAT_KIND = _KINDS["tensor"], _KINDS["int"], _KINDS["float"]
+_TENSOR_KIND, _INT_KIND, _FLOAT_KIND, _BOOL_KIND = _KINDS["tensor"], _KINDS["int"], _KINDS["float"], _KINDS["bool"]
 
 
 class _CallBuffers:
@@ -52,8 +52,6 @@ class _CallBuffers:
 
     def __init__(self, n: int, m: int) -> None:
         self.fields = [0] * (_FIELDS * n)  # the input array's fields, refilled by each call
-        for k in range(n):
-            self.fields[_FIELDS * k + 3] = 0.0
         self.inputs = (WgValue * max(1, n))()
         self.outputs = (WgValue * max(1, m))()
         self.message = ctypes.create_string_buffer(_MESSAGE_SIZE)
@@ -235,7 +233,7 @@ class CppModel:
                 result.append(fields[_FIELDS * i + 2])
             elif kind == _FLOAT_KIND:
                 result.append(fields[_FIELDS * i + 3])
-            elif kind == _KINDS["bool"]:
+            elif kind == _BOOL_KIND:
                 result.append(bool(fields[_FIELDS * i + 2]))
             else:
                 result.append(None)
