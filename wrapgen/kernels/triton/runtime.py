@@ -245,7 +245,7 @@ def _take_prefetched(spec: KernelSpec, aligned: bool) -> Future | None:
 def worker_request(spec: KernelSpec, aligned: bool, launcher: bool) -> tuple:
     """A worker request's arguments (compat.warm_cache_in_subprocess's parameters)."""
     return (str(source_path(spec.source).resolve()), spec.name, spec.arg_kinds(aligned), spec.constexprs,
-            spec.num_warps, spec.device_index, spec.num_stages, launcher)
+            spec.num_warps, spec.device_index, spec.num_stages, launcher, compat.device_capability(spec.device_index))
 
 
 def _built(spec: KernelSpec, aligned: bool, launcher: bool) -> bool:
