@@ -11,7 +11,7 @@ import torch
 
 import wrapgen
 from wrapgen.kernels.triton import compat
-from wrapgen.wrapper_ir.lines import KernelDefinition
+from wrapgen.wrapper_ir.lines import KernelCall, KernelDefinition
 
 TARGETS = ["python", "cpp", "fx", "interpret"]
 
@@ -171,3 +171,48 @@ def test_same_lowerings_in_triton_kernels(case: str) -> None:
         compiled = wrapgen.compile(fn, inputs, target="python")
         assert any(isinstance(line, KernelDefinition) and line.language == "triton" for line in compiled.program.lines)
         torch.testing.assert_close(compiled(*inputs), fn(*inputs))
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """transformers' repeat_kv: [b, kv, s, d] -> [b, kv * groups, s, d] for grouped-query attention."""
+    b, kv, s, d = x.shape
+    return x[:, :, None].expand(b, kv, groups, s, d).reshape(b, kv * groups, s, d)
+
+
+def _two_gqa_layers(x: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Two attention layers as a Llama-style model writes them: the rotary tables made once,
+    unsqueezed by each layer; keys and values of 2 heads repeated for 4 query heads."""
+    b, s = x.shape[0], x.shape[1]
+    angles = torch.arange(s, dtype=torch.float32)[:, None] * inv_freq
+    angles = torch.cat([angles, angles], dim=-1)[None]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    for layer in range(2):
+        q = (x * (layer + 1)).view(b, s, 4, 8).transpose(1, 2)
+        k = (x[..., :16] - layer).reshape(b, s, 2, 8).transpose(1, 2)
+        v = (x[..., 16:] + layer).reshape(b, s, 2, 8).transpose(1, 2)
+        c, n = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * c + torch.cat([-q[..., 4:], q[..., :4]], dim=-1) * n
+        k = k * c + torch.cat([-k[..., 4:], k[..., :4]], dim=-1) * n
+        attended = torch.nn.functional.scaled_dot_product_attention(q, _repeat_kv(k, 2), _repeat_kv(v, 2), is_causal=True)
+        x = attended.transpose(1, 2).reshape(b, s, 32)
+    return x
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_layers_share_rotary_tables_and_repeat_keys_and_values_in_one_kernel(target: str) -> None:
+    """Every layer's view of the rotary tables reads one buffer computed once (realizing each
+    layer's view computed them once per layer), and a layer's key and value repeats are one
+    kernel: the key's view for attention, placed between them, no longer keeps them apart."""
+    x = torch.randn(2, 12, 32)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8))
+    compiled = check(_two_gqa_layers, (x, inv_freq), target, atol=1e-5, rtol=1e-5)
+    if target != "cpp":
+        return
+    calls = [line for line in compiled.program.lines if isinstance(line, KernelCall)]
+    sources = {line.name: line.source for line in compiled.program.lines if isinstance(line, KernelDefinition)}
+    trig = [c for c in calls if "cosf(" in sources[c.kernel] or "sinf(" in sources[c.kernel]]
+    assert len(trig) == 1, [c.kernel for c in trig]
+    types = compiled.program.value_types()
+    repeats = [c for c in calls if len(c.writes) == 2 and all(
+        tuple(int(n) for n in types[w].sizes[1:3]) == (2, 2) for w in c.writes)]
+    assert len(repeats) == 2, [(c.kernel, c.writes) for c in calls]
