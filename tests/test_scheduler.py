@@ -116,3 +116,21 @@ def test_a_long_column_reduction_loops_over_its_rows() -> None:
     with wrapgen.config.patch(cpu_kernels="triton"):
         compiled = wrapgen.compile(lambda t: t.sum(0), (g,), target="python")
     torch.testing.assert_close(compiled(g), g.sum(0))
+
+
+def test_a_reduction_takes_in_a_producer_whose_store_index_keeps_a_size_one_dimension() -> None:
+    """[1, 4, 8] stored at 32*x0 + 8*x1 + x2 and reduced over its last dimension by a read at
+    8*x1 + r0: x0 only takes 0, so both name one element and the two fuse (a Llama-style
+    model's residual sum and the RMS norm that reduces it)."""
+    one, four, eight = sympy.Integer(1), sympy.Integer(4), sympy.Integer(8)
+    x2 = row_vars(3)[2]
+    add = ComputeNode("h", F32, (one, four, eight), Apply("exp", (Load("in", 8 * x1 + x2, F32),), F32),
+                      32 * x0 + 8 * x1 + x2)
+    total = ComputeNode("s", F32, (one, four), Load("h", 8 * x1 + r0, F32), 4 * x0 + x1, "sum", (eight,),
+                        (one, four, eight), (x0, x1, r0), torch.float32)
+    fused = can_fuse(start_group(add), total)
+    assert fused is not None
+    assert [m.level for m in fused[0].members] == ["inner", "reduction"]
+    shifted = ComputeNode("t", F32, (one, four), Load("h", 8 * x1 + r0 + 1, F32), 4 * x0 + x1, "sum", (eight,),
+                          (one, four, eight), (x0, x1, r0), torch.float32)
+    assert can_fuse(start_group(add), shifted) is None  # another element: still apart

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import sympy
 
-from wrapgen.lowering.loop_ir import ComputeNode, Load, loads, row_vars, substitute
+from wrapgen.lowering.loop_ir import ComputeNode, Load, loads, red_vars, row_vars, substitute
 
 Shape = tuple[sympy.Expr, ...]
 
@@ -105,15 +105,26 @@ def can_fuse(group: FusionGroup, node: ComputeNode) -> tuple[FusionGroup, Member
 
 
 def _reads_match(group: FusionGroup, member: Member) -> bool:
+    unit = _unit_vars(group)
     for load in loads(member.node.body):
         producer = group.member(load.buffer)
         if producer is None:
             continue
         if producer.level == "inner" and member.level == "row":
             return False
-        if sympy.expand(load.index - producer.node.store_index) != 0:
+        if sympy.expand((load.index - producer.node.store_index).xreplace(unit)) != 0:
             return False
     return True
+
+
+def _unit_vars(group: FusionGroup) -> dict[sympy.Symbol, sympy.Integer]:
+    """The group's loop variables over a size-1 dimension, as 0: they take no other value. A
+    buffer's store index keeps a term for such a dimension (32768*x0 in [1, 32, 1024]) that a
+    read of it may drop; the two still name one element (a Llama-style model's residual sum
+    and the RMS norm reducing it were two kernels for want of this)."""
+    unit = {x: sympy.Integer(0) for x, n in zip(row_vars(len(group.rows)), group.rows) if sympy.sympify(n) == 1}
+    unit.update({r: sympy.Integer(0) for r, n in zip(red_vars(len(group.reduced)), group.reduced) if sympy.sympify(n) == 1})
+    return unit
 
 
 def score_fusion(group: FusionGroup, node: ComputeNode) -> int:
