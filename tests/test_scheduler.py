@@ -134,3 +134,18 @@ def test_a_reduction_takes_in_a_producer_whose_store_index_keeps_a_size_one_dime
     shifted = ComputeNode("t", F32, (one, four), Load("h", 8 * x1 + r0 + 1, F32), 4 * x0 + x1, "sum", (eight,),
                           (one, four, eight), (x0, x1, r0), torch.float32)
     assert can_fuse(start_group(add), shifted) is None  # another element: still apart
+
+
+def test_a_checked_or_gathered_read_of_a_member_keeps_the_kernels_apart() -> None:
+    """A load with an indirect part reads its buffer in memory (a scatter's index copied with
+    a range check): its producer must be stored first, so the two do not fuse, even where the
+    indices name one element (they did once size-1 dimensions stopped hiding that)."""
+    from wrapgen.lowering.loop_ir import Indirect
+
+    one, sixteen = sympy.Integer(1), sympy.Integer(16)
+    index = ComputeNode("i", torch.int64, (sixteen, one), Load("in", x0, torch.int64), x0 + x1)
+    entry = Load("i", x0, torch.int64)
+    checked = Load("i", x0, torch.int64, (Indirect(sympy.Symbol("tmp0", integer=True), entry, sympy.Integer(64)),))
+    copy = ComputeNode("c", torch.int64, (sixteen, one), checked, x0 + x1)
+    assert can_fuse(start_group(index), copy) is None
+    assert can_fuse(start_group(index), ComputeNode("d", torch.int64, (sixteen, one), entry, x0 + x1)) is not None

@@ -112,6 +112,8 @@ def _reads_match(group: FusionGroup, member: Member) -> bool:
             continue
         if producer.level == "inner" and member.level == "row":
             return False
+        if load.indirect:  # a gather (or a checked copy of an index) reads the buffer in memory
+            return False
         if sympy.expand((load.index - producer.node.store_index).xreplace(unit)) != 0:
             return False
     return True
