@@ -38,6 +38,7 @@ from wrapgen.lowering.loop_ir import (
 )
 from wrapgen.lowering.loop_ops import LOWERINGS, VIEW_OPS, op_key, supported
 from wrapgen.lowering.loop_ops.index_put import CPP_ONLY
+from wrapgen.lowering.loop_ops.recompute import numel
 from wrapgen.lowering.loop_order import reduction_order, reorder
 from wrapgen.lowering.multi_kernel import with_reduction_variants
 from wrapgen.lowering.scheduler import FusionGroup, schedule
@@ -212,7 +213,7 @@ class KernelGraphLowering(GraphLowering):
         viewed = self.values.get(base)
         if not chain or not isinstance(viewed, LoopValue) or not isinstance(self.values[arg], LoopValue):
             return False
-        ratio = _numel(self.values[arg].sizes) / _numel(viewed.sizes)
+        ratio = numel(self.values[arg].sizes) / numel(viewed.sizes)
         if not (ratio.is_Rational and ratio >= 1):  # a slice of a larger value: compute only the view
             return False
         self.values[base] = self.realize(viewed, base.meta["val"], op_key(base) or "getitem")
@@ -388,10 +389,6 @@ class KernelGraphLowering(GraphLowering):
                 if isinstance(t, TensorType):
                     types[name] = t
         return types
-
-
-def _numel(sizes: tuple) -> sympy.Expr:
-    return sympy.Mul(*(sympy.sympify(s) for s in sizes))
 
 
 def _full_size_reads(value: LoopValue) -> set[str]:

@@ -244,12 +244,7 @@ def device_capability(device_index: int) -> tuple[int, int] | None:
     for (`warm_cache_in_subprocess`); None in the interpreter or without CUDA."""
     if interpreting() or not torch.cuda.is_available():
         return None
-    if device_index not in _capabilities:
-        _capabilities[device_index] = tuple(torch.cuda.get_device_capability(device_index))
-    return _capabilities[device_index]
-
-
-_capabilities: dict[int, tuple[int, int]] = {}
+    return tuple(torch.cuda.get_device_capability(device_index))  # torch keeps the properties: no query
 
 
 def answer_device_queries(device_index: int, capability: tuple[int, int]) -> None:

@@ -25,7 +25,8 @@ EXPENSIVE_OPS = frozenset({
 BROADCAST_FACTOR = 4
 
 
-def _numel(sizes: tuple) -> sympy.Expr:
+def numel(sizes: tuple) -> sympy.Expr:
+    """The element count of a `sizes` tensor, as an expression of its size symbols."""
     return sympy.Mul(*(sympy.sympify(s) for s in sizes))
 
 
@@ -35,7 +36,7 @@ def compute_once_before_broadcast(value: LoopValue, sizes: tuple) -> bool:
     where the inlined value is not rounded (an explicit cast to the half dtype is, and may be)."""
     if value.body.dtype != value.dtype:
         return False
-    ratio = _numel(sizes) / _numel(value.sizes)  # products of sizes: their symbols cancel as they are
+    ratio = numel(sizes) / numel(value.sizes)  # products of sizes: their symbols cancel as they are
     if not (ratio.is_Rational and ratio >= BROADCAST_FACTOR):  # not for sizes that do not cancel, or 0
         return False
     return any(isinstance(n, Apply) and n.op in EXPENSIVE_OPS for n in walk(value.body))
