@@ -47,6 +47,7 @@ def bench_one(
     try:
         with torch.no_grad():
             result.base_bytes = measure.reset_peak_memory(device)
+            requested_base = measure.requested_memory(device)
             with contender.caches(cache_root):
                 measure.synchronize(device)
                 start = time.perf_counter()
@@ -66,6 +67,9 @@ def bench_one(
                 result.status, result.detail = "wrong", f"on a warm call: {problem}"
                 return result
             peak = measure.peak_memory(device)
+            requested = measure.requested_memory(device)
+        if requested is not None and requested_base is not None:
+            result.requested_peak_above = requested[1] - requested_base[0]
         result.status, result.median_s, result.peak_bytes = "ok", median, peak
         if workload.memory_bound:
             result.bytes_moved = measure.tensor_bytes(
@@ -91,12 +95,14 @@ def combine_rounds(rounds: list[Result], planned: int | None = None) -> Result:
     compiles = [r.compile_s for r in rounds if r.compile_s is not None]
     peak = max(rounds, key=lambda r: -1 if r.peak_bytes is None else r.peak_bytes)  # its baseline with it
     errors = [r.error for r in rounds if r.error is not None]
+    requested = [r.requested_peak_above for r in rounds if r.requested_peak_above is not None]
     return Result(
         first.workload, first.contender, "ok",
         median_s=statistics.median(times),
         compile_s=statistics.median(compiles) if compiles else None,
         peak_bytes=peak.peak_bytes,
         base_bytes=peak.base_bytes,
+        requested_peak_above=max(requested) if requested else None,
         error=max(errors) if errors else None,
         bytes_moved=first.bytes_moved,
         round_times=times,

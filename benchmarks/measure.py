@@ -91,6 +91,18 @@ def release(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+def requested_memory(device: str) -> tuple[int, int] | None:
+    """(current, peak) bytes requested from the caching allocator: what was allocated, without the
+    allocator's rounding and the remainders of free blocks it hands out unsplit (a 4 MiB request can
+    take a free 4.5 MiB block whole). Those depend on which blocks earlier allocations left free, not
+    on the program, so two programs holding the same tensors can differ in `max_memory_allocated`.
+    None on CPU (not measured)."""
+    if device != "cuda":
+        return None
+    stats = torch.cuda.memory_stats()
+    return stats.get("requested_bytes.all.current", 0), stats.get("requested_bytes.all.peak", 0)
+
+
 def copy_bandwidth(device: str, nbytes: int, plan: TimingPlan) -> float:
     """Bytes per second of `dst.copy_(src)` over an `nbytes` buffer (counting read + write)."""
     numel = nbytes // 4

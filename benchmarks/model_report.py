@@ -18,12 +18,12 @@ def peak_above_inputs(r: Result) -> int | None:
 def results_table(report: Report) -> list[str]:
     on_cuda = report.info.device == "cuda"
     header = ["model", "contender", "status", "time per call", "± rounds", "vs eager", "vs torch.compile",
-              "cold compile", "peak above inputs", "max error / scale"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * 7) + "|"]
+              "cold compile", "peak above inputs", "requested at peak", "max error / scale"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * 8) + "|"]
     for r in report.results:
         error = fmt_value(r.error, ".1e")
         if r.status != "ok":
-            row = [r.workload, r.contender, STATUS_TEXT.get(r.status, r.status)] + ["—"] * 6 + [error]
+            row = [r.workload, r.contender, STATUS_TEXT.get(r.status, r.status)] + ["—"] * 7 + [error]
         else:
             peak = peak_above_inputs(r)
             row = [
@@ -36,6 +36,8 @@ def results_table(report: Report) -> list[str]:
                 fmt_value(report.vs_torch_compile(r), ".2f", "x"),
                 "—" if r.compile_s is None else f"{r.compile_s:.2f} s",
                 "n/a" if not on_cuda else fmt_value(None if peak is None else peak / 2**20, ".1f", " MiB"),
+                "n/a" if not on_cuda else fmt_value(
+                    None if r.requested_peak_above is None else r.requested_peak_above / 2**20, ".1f", " MiB"),
                 error,
             ]
         lines.append("| " + " | ".join(table_cell(c) for c in row) + " |")
@@ -106,6 +108,11 @@ def markdown(report: Report) -> str:
         "- **peak above inputs** (CUDA): `torch.cuda.max_memory_allocated()` over the contender's life",
         "  (build, first call, timed calls) minus `torch.cuda.memory_allocated()` when it started",
         "  (weights and inputs); eager's reference is kept in host memory. Not measured on CPU (n/a).",
+        "- **requested at peak** (CUDA): the same, counted in the bytes requested from the caching",
+        "  allocator (`requested_bytes.all` of `torch.cuda.memory_stats()`): without its rounding and",
+        "  the unsplit remainders of the free blocks it hands out, which depend on what earlier",
+        "  allocations left free. Two contenders holding the same tensors at their peak can differ",
+        "  in the column before by a fraction of a MiB, and match here.",
         "- **vs torch.compile**: torch.compile's (default mode) time over the contender's: above 1x",
         "  the contender is faster.",
         "",

@@ -26,6 +26,7 @@ class Result:
     bytes_moved: int | None = None  # memory-bound workloads: inputs read once + outputs written once
     round_times: list[float] = field(default_factory=list)  # each round's median (median_s: their median)
     base_bytes: int | None = None  # allocated when the contender started: inputs and weights (CUDA)
+    requested_peak_above: int | None = None  # peak requested bytes above those at the start (CUDA)
     error: float | None = None  # first output's max |actual - eager| / max |eager|, worst tensor
 
 

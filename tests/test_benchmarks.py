@@ -113,8 +113,10 @@ def test_rounds_combine_into_medians_and_keep_failures() -> None:
     assert Report.spread(combined) == 0.5
     low, high = cell("ok", 1.0, 1.0, 10), cell("ok", 1.0, 1.0, 30)
     low.base_bytes, high.base_bytes, low.error, high.error = 5, 7, 1e-6, 1e-7
+    low.requested_peak_above, high.requested_peak_above = 21, 18
     combined = harness.combine_rounds([low, high])  # the peak round's baseline, the worst error
     assert (combined.base_bytes, model_report.peak_above_inputs(combined), combined.error) == (7, 23, 1e-6)
+    assert combined.requested_peak_above == 21  # the largest of any round, whichever round peaked
     failed = harness.combine_rounds([cell("ok", 1.0), cell("wrong")])
     assert failed.status == "wrong" and failed.detail == "round 2 of 2: boom"
 

@@ -15,6 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+
+# torch's OpInfo database imports expecttest (a test dependency `make setup` installs); a host without
+# it (the bare GPU host) skips this module with that reason instead of failing the whole collection.
+pytest.importorskip("expecttest", reason="the OpInfo database (torch.testing._internal) needs expecttest")
+
 import torch
 
 import wrapgen
