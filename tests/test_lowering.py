@@ -95,9 +95,13 @@ def test_inplace_op_in_aten_graph_is_a_write() -> None:
         return (y,)
 
     gm = torch.fx.experimental.proxy_tensor.make_fx(f, tracing_mode="fake")(torch.randn(3))
-    program = wrapgen.lower(gm, (torch.randn(3),))
+    with wrapgen.config.patch(kernels=False):  # library calls: the op itself, declaring its write
+        program = wrapgen.lower(gm, (torch.randn(3),))
     (inplace,) = [line for line in lines_of(program, ExternKernel) if line.op == "aten::add_.Tensor"]
     assert inplace.writes == (inplace.args[0].name,)
+    program = wrapgen.lower(gm, (torch.randn(3),))  # kernels: the new value stored in place by a kernel
+    assert not lines_of(program, ExternKernel)
+    assert any(call.writes for call in lines_of(program, KernelCall))
     compiled = wrapgen.compile(gm, (torch.randn(3),))
     x = torch.randn(3)
     torch.testing.assert_close(compiled(x), (x * 2 + 1,))
@@ -108,9 +112,19 @@ def test_input_mutation_is_written_back() -> None:
         x.mul_(3)
         return x + 1
 
-    program = wrapgen.lower(f, (torch.randn(4),))
+    with wrapgen.config.patch(kernels=False):
+        program = wrapgen.lower(f, (torch.randn(4),))
     copies = [line for line in lines_of(program, ExternKernel) if line.op == "aten::copy_.default"]
     assert copies and copies[0].writes == (program.inputs[0].name,)
+    program = wrapgen.lower(f, (torch.randn(4),))  # with kernels the write-back is a kernel's store
+    name = program.inputs[0].name
+    assert not lines_of(program, ExternKernel)
+    assert any(name in call.writes for call in lines_of(program, KernelCall))
+    x = torch.randn(4)
+    expected = x * 3
+    out = wrapgen.compile(f, (x.clone(),))(x)
+    torch.testing.assert_close(x, expected)
+    torch.testing.assert_close(out, expected + 1)
 
 
 def test_no_line_carries_target_code() -> None:

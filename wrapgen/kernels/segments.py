@@ -37,7 +37,7 @@ def in_place_pairs(group: FusionGroup, stored: set[str], dtypes: dict) -> tuple[
     if group.reduced or not group.members:
         return ()
     last = group.members[-1].node
-    if last.name not in stored:
+    if last.name not in stored or last.target:  # state written in place has its own storage
         return ()
     indices: dict[str, set] = {}
     for m in group.members:

@@ -20,7 +20,7 @@ import torch.fx
 
 from wrapgen.kernels.triton.runtime import prefetch
 from wrapgen.lowering.gemm_templates import apply_gemm_templates
-from wrapgen.lowering.graph_lowering import Buffer, GraphLowering, _mutated_argument_indices
+from wrapgen.lowering.graph_lowering import Buffer, GraphLowering
 from wrapgen.lowering.loop_ir import (
     HALF_DTYPES,
     Apply,
@@ -41,8 +41,8 @@ from wrapgen.lowering.loop_ops.index_put import CPP_ONLY
 from wrapgen.lowering.loop_ops.recompute import numel
 from wrapgen.lowering.loop_order import reduction_order, reorder
 from wrapgen.lowering.multi_kernel import with_reduction_variants
+from wrapgen.lowering.mutation import MutationTracker, StateOrder, is_copy
 from wrapgen.lowering.scheduler import FusionGroup, schedule
-from wrapgen.lowering.user_triton import is_user_triton
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
     Allocate,
@@ -102,6 +102,7 @@ class KernelGraphLowering(GraphLowering):
         self.compute: dict[str, ComputeNode] = {}
         self.stride_symbols: dict[tuple[str, int], sympy.Symbol] = {}
         self.call_symbols: dict[sympy.Expr, sympy.Symbol] = {}
+        self.mutations = MutationTracker(self)
 
     # -- planning ------------------------------------------------------------------------
     def lower(self):
@@ -112,9 +113,6 @@ class KernelGraphLowering(GraphLowering):
         nodes = [n for n in graph.nodes if n.op == "call_function"]
         if self.language is None:
             return  # no kernel language for this device: library calls only
-        if any(isinstance(n.target, torch._ops.OpOverload) and _mutated_argument_indices(n.target) or is_user_triton(n.target)
-               and "tensors_to_clone" not in n.kwargs for n in nodes):
-            return  # a deferred (inlined) read could move past a write: keep library calls
         loop = set()
         self.static_checks = {n for n in nodes if holds_statically(n)}
         for n in nodes:
@@ -123,8 +121,8 @@ class KernelGraphLowering(GraphLowering):
             elif n.target is operator.getitem:
                 if n.args[0] in loop:
                     loop.add(n)
-            elif supported(n, self.device.type) and not self._excluded(n):
-                loop.add(n)
+            elif supported(n, self.device.type) and not self._excluded(n) or is_copy(n):
+                loop.add(n)  # a copy_ stores its (fused) source in place where it can (mutation.py)
         for n in reversed(nodes):  # a view is an index remap only if only loop code reads it
             if n in loop and op_key(n) in VIEW_OPS and any(u not in loop for u in n.users):
                 loop.discard(n)
@@ -151,6 +149,41 @@ class KernelGraphLowering(GraphLowering):
 
     # -- the walk ------------------------------------------------------------------------
     def _lower_call(self, node: torch.fx.Node) -> object:
+        written = self.mutations.written_roots(node)
+        if written:  # deferred reads of what this node overwrites are computed first
+            self.mutations.before_write(written, node, node.args[1] if is_copy(node) else None)
+        value = self._lower_node(node)
+        self.mutations.record(node, value)
+        return value
+
+    def _lower_copy(self, node: torch.fx.Node) -> object:
+        target = node.args[0]
+        if isinstance(self.values.get(target), LoopValue):  # a computed value updated in place: in memory first
+            self.values[target] = self.realize(self.values[target], target.meta["val"], op_key(target) or "getitem")
+            self.mutations.record(target, self.values[target])
+        destination, source = (self.values.get(a) if isinstance(a, torch.fx.Node) else a for a in node.args[:2])
+        if isinstance(destination, Buffer) and self.mutations.copy_into(destination, source, "copy_"):
+            return destination
+        if isinstance(source, LoopValue):  # the library call reads it from memory
+            self.values[node.args[1]] = self.realize(source, node.args[1].meta["val"], "copy_source")
+        return super()._lower_call(node)
+
+    def _write_back(self, placeholder: str, value: object) -> None:
+        """A functionalized mutation's new value stored into its input by the kernel computing it."""
+        destination = self._placeholder_buffer(placeholder)
+        output = next(n for n in self.captured.graph_module.graph.nodes if n.op == "output")
+        keep = value if isinstance(value, torch.fx.Node) else None
+        self.mutations.before_write({destination.root}, output, keep)
+        source = self.values.get(value) if keep is not None else value
+        if self.mutations.copy_into(destination, source, "write_back"):
+            return
+        if isinstance(source, LoopValue):
+            self.values[keep] = self.realize(source, keep.meta["val"], "write_back")
+        super()._write_back(placeholder, value)
+
+    def _lower_node(self, node: torch.fx.Node) -> object:
+        if is_copy(node):
+            return self._lower_copy(node)
         if node not in self.loop_nodes:
             return super()._lower_call(node)
         if node in self.static_checks:
@@ -259,10 +292,17 @@ class KernelGraphLowering(GraphLowering):
 
     def realize(self, value: LoopValue, fake: torch.Tensor, origin: str) -> Buffer:
         """Compute `value` into a buffer with the layout torch gives the op's result."""
-        name = self.fresh()
         type_ = self.tensor_type(fake)
         if not self._dense(type_):
             type_ = TensorType(type_.dtype, type_.device, type_.sizes, contiguous_strides(type_.sizes))
+        return self._realize_as(value, type_, origin)
+
+    def realize_dense(self, value: LoopValue, origin: str) -> Buffer:
+        """Compute `value` into a new contiguous buffer (a value no fx node holds alone)."""
+        return self._realize_as(value, TensorType(value.dtype, self.device, value.sizes, contiguous_strides(value.sizes)), origin)
+
+    def _realize_as(self, value: LoopValue, type_: TensorType, origin: str) -> Buffer:
+        name = self.fresh()
         self.lines.append(Allocate(name, type_))
         # a permuted layout (channels-last) is walked in memory order: see loop_order.py
         hints = {info.symbol: info.hint for info in self.symbols.infos()}
@@ -313,7 +353,9 @@ class KernelGraphLowering(GraphLowering):
         position = {line.name: i for i, line in enumerate(lines) if isinstance(line, PendingCompute)}
         readers = _readers(lines, set(self.compute))
         order = sorted(self.compute.values(), key=lambda n: position[n.name])
-        groups = schedule(order, position, readers, unrelated_reductions=self.language != "triton")
+        state = StateOrder(lines, self.compute, self.mutations, PendingCompute) if self.mutations.mutated else None
+        groups = schedule(order, position, readers, unrelated_reductions=self.language != "triton",
+                          blocked=state.blocked if state is not None else None)
         needed = {name for name, where in readers.items() if name in self.compute and _read_outside(name, where, lines, groups)}
         codegen = kernel_codegen(self.language)
         hints = {info.symbol: info.hint for info in self.symbols.infos()}
@@ -347,7 +389,7 @@ class KernelGraphLowering(GraphLowering):
             calls.append(with_reduction_variants(self, group, call, definitions, needed, dtypes, hints, aligned))
             last = max(position[m.node.name] for m in group.members)
             at_position[last] = calls
-            written_at.update((w, last) for w in kernel.written)
+            written_at.update((w, last) for w in kernel.written if w in allocations)
         out: list[WrapperLine] = definitions
         later_views: dict[str, list[WrapperLine]] = {}  # views of a result whose kernel now runs later
         for i, line in enumerate(lines):

@@ -231,6 +231,10 @@ class ComputeNode:
     that was reduced and `source_index` maps each of its dimensions to an x or r variable, so
     a pointwise producer of that shape can run inside the reduction loop. `dtype` is the
     buffer's; a half-precision buffer's body is float32 (see `compute_dtype`), rounded on store.
+
+    `target`, when set, names storage the program does not allocate for this node (an input, a
+    constant, state, or a view of one) that the node writes in place: the node's own `name` is
+    then only its identity in the scheduler, and nothing is allocated for it.
     """
 
     name: str
@@ -244,3 +248,9 @@ class ComputeNode:
     source_index: tuple[sympy.Expr, ...] = ()
     acc_dtype: torch.dtype | None = None
     origin: str = ""
+    target: str | None = None
+
+    @property
+    def buffer(self) -> str:
+        """The buffer the node's result is stored in."""
+        return self.target or self.name

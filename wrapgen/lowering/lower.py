@@ -15,7 +15,9 @@ from wrapgen.lowering.capture import CapturedGraph
 from wrapgen.lowering.constant_masks import drop_constant_masks
 from wrapgen.lowering.conv_layout import channels_last_convolutions
 from wrapgen.lowering.graph_lowering import GraphLowering
-from wrapgen.lowering.kernel_lowering import KernelGraphLowering
+from wrapgen.lowering.inplace_ops import split_inplace_ops
+from wrapgen.lowering.kernel_lowering import KernelGraphLowering, kernel_device, kernel_language
+from wrapgen.lowering.reinplace import scatter_in_place
 from wrapgen.wrapper_ir.program import Program
 
 
@@ -31,5 +33,9 @@ def lower_captured(captured: CapturedGraph, name: str = "forward") -> Program:
         # generated kernel.
         if config.bias_in_kernels:
             captured = bias_into_readers(captured)  # CUDA addmm read only by pointwise ops: mm + add
+        device = kernel_device(captured.graph_module.graph)
+        if kernel_language(device) is not None:
+            captured = scatter_in_place(captured)  # a KV-cache update writes the cache's new rows only
+            captured = split_inplace_ops(captured, device.type)  # _foreach_ and in-place ops: loops + copy_
         return KernelGraphLowering(float_attention_masks(captured), name).lower()
     return GraphLowering(captured, name).lower()

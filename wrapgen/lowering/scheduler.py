@@ -9,6 +9,7 @@ exactly one group, and consumers read its value.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import sympy
@@ -105,7 +106,7 @@ def can_fuse(group: FusionGroup, node: ComputeNode) -> tuple[FusionGroup, Member
 
 
 def _reads_match(group: FusionGroup, member: Member) -> bool:
-    unit = _unit_vars(group)
+    unit = unit_vars(group)
     for load in loads(member.node.body):
         producer = group.member(load.buffer)
         if producer is None:
@@ -119,7 +120,7 @@ def _reads_match(group: FusionGroup, member: Member) -> bool:
     return True
 
 
-def _unit_vars(group: FusionGroup) -> dict[sympy.Symbol, sympy.Integer]:
+def unit_vars(group: FusionGroup) -> dict[sympy.Symbol, sympy.Integer]:
     """The group's loop variables over a size-1 dimension, as 0: they take no other value. A
     buffer's store index keeps a term for such a dimension (32768*x0 in [1, 32, 1024]) that a
     read of it may drop; the two still name one element (a Llama-style model's residual sum
@@ -144,7 +145,7 @@ def score_fusion(group: FusionGroup, node: ComputeNode) -> int:
 
 def schedule(
     nodes: list[ComputeNode], position: dict[str, int], readers: dict[str, list[int]],
-    unrelated_reductions: bool = True,
+    unrelated_reductions: bool = True, blocked: Callable[[FusionGroup, Member], bool] | None = None,
 ) -> list[FusionGroup]:
     """Greedy fusion in program order.
 
@@ -156,6 +157,8 @@ def schedule(
     parallelism from one kernel (each program runs them one after another over the same
     grid), and the group would keep the inputs of its first ones alive until its last; a
     GPT-2 backward fused its 25 layer norms' weight gradients into one kernel that took 400 µs.
+    `blocked(extended_group, member)` vetoes a fusion that would reorder accesses of state written in
+    place (mutation.py's `StateOrder`).
     """
     groups: list[FusionGroup] = []
     for node in nodes:
@@ -165,7 +168,7 @@ def schedule(
             if any(p < here for m in group.members for p in readers.get(m.node.name, ()) if p != here and p not in _member_positions(group, position)):
                 continue
             fused = can_fuse(group, node)
-            if fused is None:
+            if fused is None or blocked is not None and blocked(*fused):
                 continue
             score = score_fusion(group, node)
             if score == 1 and not unrelated_reductions and node.reduction is not None and _holds_reduction(group):
@@ -187,4 +190,4 @@ def _member_positions(group: FusionGroup, position: dict[str, int]) -> set[int]:
     return {position[m.node.name] for m in group.members}
 
 
-__all__ = ["FusionGroup", "Member", "can_fuse", "score_fusion", "schedule", "start_group", "Load"]
+__all__ = ["FusionGroup", "Member", "can_fuse", "score_fusion", "schedule", "start_group", "unit_vars", "Load"]

@@ -252,8 +252,10 @@ def same_device(a: torch.device | None, b: torch.device | None) -> bool:
 
 
 def _result_devices(result: object) -> list[torch.device | None]:
+    """The devices of a result's tensors. A tuple's untyped entries (flash and cuDNN attention's
+    SymInts and undefined tensors) are never picked, so they do not keep the call out of a graph."""
     if isinstance(result, tuple):
-        return [d for r in result for d in _result_devices(r)]
+        return [d for r in result if r is not None for d in _result_devices(r)]
     return [_device_of(result)]
 
 
@@ -312,10 +314,14 @@ def written_names(line: WrapperLine) -> tuple[str, ...]:
 
 def region_blocker(line: WrapperLine, graph: str, born: set[str], roots: dict[str, str], in_place_roots: set[str]) -> str | None:
     """Why `line` cannot join region `graph`, given the names the region defined so far (`born`):
-    it would write an input the region copies (the caller would not see the write), or re-lay
-    out (`EnsureStrides`) a name defined outside (the new tensor would stay inside)."""
+    it would write an input the region copies (the caller would not see the write), re-lay
+    out (`EnsureStrides`) a name defined outside (the new tensor would stay inside), or pick
+    from a tuple defined outside (a graph's inputs are tensors: the pick stays with the tuple,
+    and the tensor it picks crosses instead)."""
     if type(line).__name__ == "EnsureStrides" and line.name not in born:
         return f"re-lays out {line.name}, which graph {graph} does not define"
+    if isinstance(line, MultiOutput) and line.source not in born:
+        return f"picks from {line.source}, a tuple graph {graph} does not define"
     for name in written_names(line):
         root = roots.get(name, name)
         if root not in born and root not in in_place_roots:
@@ -346,6 +352,9 @@ class GraphScope:
                 raise ValueError(f"graph regions do not nest: graph {self.open[1].graph} (line {self.open[0]}) is open")
             if line.graph in self.names:
                 raise ValueError(f"graph {line.graph} is defined twice")
+            tuples = [name for name in line.inputs if isinstance(self.ctx.types.get(name), tuple)]
+            if tuples:  # a target binds and copies each input as one tensor
+                raise ValueError(f"lists {tuples[0]}, a tuple result, as an input (a graph's inputs are tensors)")
             return
         if self.open is None:
             if isinstance(line, GraphEnd):

@@ -93,6 +93,9 @@ class CppGraphRegions:
         for symbol in line.key:
             if not symbol.is_integer:
                 raise self.refuse(line, f"key symbol {symbol} is not an integer")  # type: ignore[attr-defined]
+        for name in line.inputs:  # a tuple is a wrapgen::Value: Call::input and bind take tensors
+            if not self._is_tensor_name(name):  # type: ignore[attr-defined]
+                raise self.refuse(line, f"input {name} is a tuple result; a graph's inputs are tensors")  # type: ignore[attr-defined]
         self.headers.add(HEADER)  # type: ignore[attr-defined]
         self.use_shim(*GRAPH_SHIMS)  # type: ignore[attr-defined]
         if line.device.type == "cuda":

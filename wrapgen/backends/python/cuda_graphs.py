@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from wrapgen.errors import UnsupportedLineError
 from wrapgen.wrapper_ir.graphs import GraphBegin, GraphEnd
 from wrapgen.wrapper_ir.lines import ExternKernel, Free, WrapperLine
 from wrapgen.wrapper_ir.program import Program
@@ -48,6 +49,12 @@ class PythonGraphRegions:
         super().dispatch(line)  # type: ignore[misc]
 
     def emit_graph_begin(self, line: GraphBegin) -> None:
+        for name in line.inputs:  # GraphRegion takes the stride and address of each input
+            if isinstance(self.types.get(name), tuple):  # type: ignore[attr-defined]
+                raise UnsupportedLineError(
+                    f"{type(self).__name__} cannot emit line {self.line_number} ({line.format()}): "  # type: ignore[attr-defined]
+                    f"input {name} is a tuple result; a graph's inputs are tensors"
+                )
         self._open_region = _OpenRegion(line, (self.body, self.depth, self.call_prologues, self.pool_views))
         self.body, self.depth, self.call_prologues, self.pool_views = [], 1, set(), {}
 

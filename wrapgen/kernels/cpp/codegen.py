@@ -200,7 +200,7 @@ class CppKernelCodegen:
         self.row_locals: set[sympy.Symbol] = set()  # those locals (not kernel parameters)
         self.items = segments(group)
         # inner results read by a later pass go through memory
-        self.stored = {n for n in self.members if n in needed} | read_in_later_segment(self.items, self.members)
+        self.stored = {n for n, m in self.members.items() if n in needed or m.node.target} | read_in_later_segment(self.items, self.members)
         passes = {i: [m.node.body for m in ms] for i, (kind, ms) in enumerate(self.items) if kind == "segment"}
         self.row_cache = plan_row_cache(passes, sympy.Mul(*group.reduced)) if len(passes) > 1 else {}
         self.current_item = -1
@@ -308,7 +308,7 @@ class CppKernelCodegen:
             node = member.node
             value_dtype = compute_dtype(node.dtype if node.reduction else node.body.dtype)
             index = self.hoisted.get(node.store_index, node.store_index)
-            w.line(f"{self.param(node.name, True)}[{self.index(index)}] = {narrow(var, value_dtype, node.dtype)};")
+            w.line(f"{self.param(node.buffer, True)}[{self.index(index)}] = {narrow(var, value_dtype, node.dtype)};")
 
     # -- emission --------------------------------------------------------------------------
     def generate(self) -> GeneratedKernel:

@@ -72,7 +72,7 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
         self.interpreted = device_type == "cpu"  # CPU Triton kernels run in Triton's interpreter
         self.members = {m.node.name: m for m in group.members}
         self.items = segments(group)
-        self.stored = {n for n in self.members if n in needed}
+        self.stored = {n for n, m in self.members.items() if n in needed or m.node.target}  # state is always written
         self.aligned = aligned if aligned is not None else set()
         self.reduction = bool(group.reduced)
         self.rows = tuple(sympy.sympify(s) for s in group.rows)
@@ -280,7 +280,7 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
     def store(self, member: Member, var: str, w: SourceWriter) -> None:
         if member.node.name not in self.stored:
             return
-        ptr = self.param(member.node.name, True)
+        ptr = self.param(member.node.buffer, True)
         index = self._flatten(sympy.expand(sympy.sympify(member.node.store_index)))
         level = "row" if member.level == "reduction" else member.level
         value_dtype = member.node.dtype if member.node.reduction else member.node.body.dtype

@@ -18,6 +18,7 @@ from wrapgen.lowering.loop_ops import (  # noqa: F401 (they register)
     pooling,
     reductions,
     scatters,
+    ternary,
     views,
 )
 from wrapgen.lowering.loop_ops.common import LOWERINGS, VIEW_OPS, LoopContext, op_key, supported
