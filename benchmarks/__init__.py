@@ -20,5 +20,8 @@ Modules, one job each:
     model_lowering  per model: generated kernels, launches and ExternKernel lines by op
     graphs_latency  batch-1 decoders: reduce-overhead vs wrapgen with CUDA graphs, interleaved
     interleaved     the real models' warm calls, every contender kept and timed in rotating rounds
+    optimizer       torch.compile(opt.step) (Adam/AdamW/SGD) vs eager foreach and fused, state checked
+    decode          greedy decode of a Llama-style LM with a StaticCache: ms/token, tokens checked
+    step_rounds     what optimizer and decode share: rotating rounds with per-contender failures, files
     run             the command line
 """

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -303,3 +304,92 @@ def test_a_dirty_checkout_is_named_by_the_tree_that_ran(tmp_path: Path) -> None:
     git("add", "-A")
     git("commit", "-qm", "two")
     assert running == git("rev-parse", "HEAD^{tree}")[:12]
+
+
+# -- optimizer steps and greedy decode (benchmarks.optimizer, benchmarks.decode) -------------------
+
+
+def _results(paths: list[Path]) -> tuple[dict, str]:
+    assert sorted(p.suffix for p in paths) == [".json", ".md"]
+    assert all(p.name.startswith("bench-cpu-") and p.stat().st_size > 0 for p in paths)
+    raw = json.loads(next(p for p in paths if p.suffix == ".json").read_text())
+    return raw, next(p for p in paths if p.suffix == ".md").read_text()
+
+
+def test_optimizer_benchmark_checks_and_times_every_contender(tmp_path: Path) -> None:
+    from benchmarks import optimizer
+
+    argv = ["--device=cpu", "--optimizers=adamw,sgd", "--contenders=eager[foreach],wrapgen[python]", "--rounds=1",
+            "--steps=2", "--check-steps=2", "--warmup=0", f"--out-dir={tmp_path}"]
+    raw, markdown = _results(optimizer.main(argv))
+    assert raw["settings"]["parameter_set"] == "small" and raw["settings"]["tensors"] == 40
+    assert 2e6 <= raw["settings"]["parameters"] <= 4e6
+    rows = {(r["case"], r["contender"]): r for r in raw["results"]}
+    assert set(rows) == {(o, c) for o in ("adamw", "sgd") for c in ("eager[foreach]", "wrapgen[python]")}
+    for (case, contender), row in rows.items():
+        assert row["check"] in ("ok", "mismatch", "error"), row  # checked, whatever wrapgen does today
+        assert row["status"] == "ok" or row["detail"], row  # a failure says why
+        assert f"| {case} | {contender} | {row['status']} |" in markdown
+    assert rows["adamw", "eager[foreach]"]["check"] == "ok" and len(rows["adamw", "eager[foreach]"]["round_times"]) == 1
+    assert "| optimizer | contender | status | µs/step (median) |" in markdown and "| check |" in markdown
+
+
+def test_optimizer_shapes_are_gpt2_small() -> None:
+    from benchmarks import optimizer
+
+    shapes = optimizer.gpt2_shapes(**optimizer.PARAMETER_SETS["gpt2"])
+    assert len(shapes) == 148 and sum(math.prod(s) for _, s in shapes) == 124_439_808
+    with pytest.raises(SystemExit):
+        optimizer.parse_args(["--device=cpu", "--optimizers=adam-capturable"])  # CUDA only
+
+
+def test_optimizer_check_names_the_first_differing_tensor() -> None:
+    from benchmarks import optimizer
+
+    case, shapes = optimizer.OPTIMIZERS["sgd"], [("w", (4, 3)), ("b", (3,))]
+    values, grads = optimizer.make_tensors(shapes, "cpu")
+    contender = optimizer.CONTENDERS[0]
+    a, b = (optimizer.build(case, contender, values, grads) for _ in range(2))
+    a.step(), b.step()
+    assert optimizer.compare(a, b, ["w", "b"])[0] is None
+    with torch.no_grad():
+        b.params[1][0] += 1.0
+    reason, worst = optimizer.compare(a, b, ["w", "b"])
+    assert reason is not None and reason.startswith("b: Mismatched elements: 1 / 3") and worst == pytest.approx(1.0)
+
+
+@needs_transformers
+def test_decode_benchmark_checks_tokens_of_every_contender(tmp_path: Path) -> None:
+    from benchmarks import decode
+
+    argv = ["--device=cpu", "--contenders=eager,wrapgen[python]", "--rounds=1", "--tokens=2", "--prompt=4",
+            f"--out-dir={tmp_path}"]
+    raw, markdown = _results(decode.main(argv))
+    assert raw["settings"]["size"] == "small" and raw["settings"]["dtype"] == "fp32"
+    rows = {r["contender"]: r for r in raw["results"]}
+    assert list(rows) == ["eager", "wrapgen[python]"]
+    assert rows["eager"]["status"] == "ok" and rows["eager"]["check"] == "ok"
+    assert len(rows["eager"]["round_times"]) == 1 and rows["eager"]["median_s"] > 0
+    row = rows["wrapgen[python]"]
+    assert row["check"] in ("ok", "mismatch", "error") and (row["status"] == "ok" or row["detail"]), row
+    for name, row in rows.items():
+        assert f"| {name} | {row['status']} |" in markdown
+    assert "| contender | status | ms/token (median) | tokens/s |" in markdown and "| tokens |" in markdown
+
+
+@needs_transformers
+def test_decode_static_cache_and_loop_match_the_full_forward() -> None:
+    """The manual loop (a prefill, then one token a step through the StaticCache) gives the logits a
+    forward over the whole sequence gives: the cache and calling convention of this transformers work."""
+    from benchmarks import decode
+
+    model = decode.build_model("small", "cpu", torch.float32)
+    prompt = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        generation = decode.Generation(model, model.forward, prompt, 3, "cpu", torch.float32)
+        out: list[torch.Tensor] = []
+        first = generation.prefill()
+        generation.decode(first, out)
+        sequence = torch.cat([prompt, first, *out[:-1]], dim=1)
+        full = model(sequence, use_cache=False).logits[0, -4:].argmax(-1)
+    assert full.tolist() == [first.item(), *decode.tokens_of(out)]

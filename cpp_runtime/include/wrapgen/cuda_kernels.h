@@ -61,7 +61,7 @@ class Kernel {
   const char* name() const { return name_; }
 
  private:
-  static constexpr size_t kMaxParams = 256;
+  static constexpr size_t kMaxParams = 1024;  // a fused update of every parameter passes hundreds
 
   CUfunction function(int device) const;
 
