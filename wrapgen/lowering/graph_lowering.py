@@ -37,6 +37,7 @@ from wrapgen.wrapper_ir.lines import (
     Reinterpret,
     WrapperLine,
 )
+from wrapgen.wrapper_ir.passes.state_versions import annotate_state_versions
 from wrapgen.wrapper_ir.program import Constant, Program, ScalarInput, TensorInput
 from wrapgen.wrapper_ir.values import Arg, TensorRef, TensorType
 
@@ -139,6 +140,7 @@ class GraphLowering:
         # program owns the argument list, so a dropped input can be released early.
         body = remove_unused_views(self.finish_body(self.lines))
         lines = insert_frees(bindings + header_lines + body, keep={c.name for c in constants})
+        lines = annotate_state_versions(lines, {i.name for i in inputs} | {c.name for c in constants})
         return Program(self.name, tuple(inputs), self.symbols.infos(), tuple(constants), tuple(lines))
 
     def finish_body(self, lines: list[WrapperLine]) -> list[WrapperLine]:

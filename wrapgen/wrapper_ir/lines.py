@@ -331,6 +331,9 @@ class ExternKernel(WrapperLine):
     result: ResultTypeLike = None
     writes: tuple[str, ...] = ()
     alias_of: str | None = None
+    # (storage, version) of each input or constant the program writes somewhere that this line
+    # reads or writes: the version it must see (passes/state_versions.py; the verifier checks it)
+    state: tuple[tuple[str, int], ...] = ()
 
     def defines(self) -> tuple[str, ...]:
         return () if self.name is None else (self.name,)
@@ -367,7 +370,7 @@ class ExternKernel(WrapperLine):
             text += f"  writes {', '.join(self.writes)}"
         if self.alias_of is not None:
             text += f"  aliases {self.alias_of}"
-        return text
+        return text + format_state(self.state)
 
 
 @dataclass(frozen=True)
@@ -436,6 +439,7 @@ class KernelCall(WrapperLine):
     # (output, input) pairs that may share storage: the kernel reads the input only at the
     # element it writes, before writing it. Memory planning may then write in place.
     may_alias: tuple[tuple[str, str], ...] = ()
+    state: tuple[tuple[str, int], ...] = ()  # as ExternKernel's
 
     def uses(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(arg_tensor_names(self.args)))
@@ -453,7 +457,13 @@ class KernelCall(WrapperLine):
         grid = f" grid [{format_shape(self.grid)}]" if self.grid else ""
         text = f"call {self.kernel}({', '.join(format_arg(a) for a in self.args)}){grid}"
         text += f"  writes {', '.join(self.writes)}" if self.writes else ""
-        return text + (f"  may alias {', '.join(f'{o}<-{i}' for o, i in self.may_alias)}" if self.may_alias else "")
+        text += f"  may alias {', '.join(f'{o}<-{i}' for o, i in self.may_alias)}" if self.may_alias else ""
+        return text + format_state(self.state)
+
+
+def format_state(state: tuple[tuple[str, int], ...]) -> str:
+    """`  state x@v1, y@v0`: the versions of state storage a line sees (v0: as the call began)."""
+    return f"  state {', '.join(f'{name}@v{version}' for name, version in state)}" if state else ""
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from wrapgen.wrapper_ir.lines import (
     WrapperLine,
 )
 from wrapgen.wrapper_ir.multi_kernel import MultiKernelCall
+from wrapgen.wrapper_ir.passes.state_versions import StateVersions, state_storages
 from wrapgen.wrapper_ir.program import Program, TensorInput
 from wrapgen.wrapper_ir.values import ResultTypeLike, TensorType, dtype_name
 
@@ -74,9 +75,15 @@ def verify(program: Program) -> Program:
     if len(outputs) != 1 or outputs[0] != len(program.lines):
         raise VerificationError(0, None, "a program ends with exactly one Output line")
 
+    # state written in place: every call sees the version of it that the lowering recorded
+    header = {i.name for i in program.inputs} | {c.name for c in program.constants}
+    versions = StateVersions(state_storages(header, list(program.lines)))
+
     for number, line in enumerate(program.lines, 1):
         try:
             line.check()
+            versions.check(line)
+            versions.apply(line)
             state.in_flight.check(line)
             if graphs is not None:
                 graphs.check(line)
