@@ -8,6 +8,21 @@ from __future__ import annotations
 
 import torch
 
+# Training-mode batch norm's functional forms (core_aten_decompositions leaves them whole): as
+# library calls they are a pass for the statistics and another for the normalization that no
+# neighbouring kernel can join; decomposed, the statistics are reductions and the normalization
+# a pointwise body that fuses with the ReLU (and residual add) after it, and the running-stat
+# updates become stores of those kernels (a CPU ResNet's forward kept 16 of them as library calls).
+_TRAINING_BATCH_NORM = ("_native_batch_norm_legit_functional", "_batch_norm_with_update_functional",
+                        "_native_batch_norm_legit", "_batch_norm_with_update")
+
+
+def _batch_norm_decompositions() -> dict:
+    from torch._decomp import decomposition_table
+
+    ops = (getattr(torch.ops.aten, name).default for name in _TRAINING_BATCH_NORM if hasattr(torch.ops.aten, name))
+    return {op: decomposition_table[op] for op in ops if op in decomposition_table}
+
 
 def export_table() -> dict:
     """torch.export's core-ATen table, keeping `scaled_dot_product_attention` whole, plus
@@ -39,6 +54,7 @@ def aot_autograd_table() -> dict:
     table = core_aten_decompositions()
     table.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     table.update(_training_decompositions())
+    table.update(_batch_norm_decompositions())
     return table
 
 

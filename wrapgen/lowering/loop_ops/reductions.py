@@ -145,26 +145,43 @@ def _var_check(node: torch.fx.Node) -> bool:
 
 @register("aten::var.correction", check=_var_check)
 def _var(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
-    out = out_fake(node)
+    return _var_and_mean(ctx, node, out_fake(node).dtype)[0]
+
+
+def _var_mean_check(node: torch.fx.Node) -> bool:
+    outs = out_fake(node)
+    correction = node.kwargs.get("correction", 1)
+    return (_reduction_check(node) and all(o.dtype.is_floating_point for o in outs)
+            and isinstance(correction, (int, float, type(None))))
+
+
+@register("aten::var_mean.correction", check=_var_mean_check)
+def _var_mean(ctx: LoopContext, node: torch.fx.Node) -> tuple[LoopValue, LoopValue]:
+    """(var, mean) from one sum and one sum of squared deviations (training batch norm's statistics)."""
+    return _var_and_mean(ctx, node, out_fake(node)[0].dtype)
+
+
+def _var_and_mean(ctx: LoopContext, node: torch.fx.Node, dtype: torch.dtype) -> tuple[LoopValue, LoopValue]:
     dims = _dims(node, 1, "dim")
     correction = node.kwargs.get("correction")
     correction = 1 if correction is None else correction
     count = _count(ctx, node, dims)
     value = ctx.value(node.args[0])
-    _, squares = _two_pass_variance(ctx, value, dims, count, "var")
-    compute = compute_dtype(out.dtype)
+    mean, squares = _two_pass_variance(ctx, value, dims, count, "var")
+    compute = compute_dtype(dtype)
     denominator = Apply("sub", (cast(IndexValue(count, torch.int64), compute), Const(float(correction), compute)), compute)
     denominator = Apply("clamp_min", (denominator, Const(0.0, compute)), compute)
-    var = LoopValue(squares.sizes, Apply("div", (cast(squares.body, compute), denominator), compute), out.dtype)
+    var = LoopValue(squares.sizes, Apply("div", (cast(squares.body, compute), denominator), compute), dtype)
+    mean = LoopValue(mean.sizes, mean.body, dtype)
     if node.kwargs.get("keepdim", False):
-        return var
+        return var, mean
     kept = tuple(s for d, s in enumerate(var.sizes) if d not in dims)
     index = [sympy.Integer(0)] * len(var.sizes)
     outer = iter(row_vars(len(kept)))
     for d in range(len(var.sizes)):
         if d not in dims:
             index[d] = next(outer)
-    return LoopValue(kept, var.at(tuple(index)), out.dtype)
+    return LoopValue(kept, var.at(tuple(index)), dtype), LoopValue(kept, mean.at(tuple(index)), dtype)
 
 
 def _softmax_check(node: torch.fx.Node) -> bool:
