@@ -55,6 +55,9 @@ from wrapgen.wrapper_ir.lines import (
 )
 from wrapgen.wrapper_ir.values import TensorRef, TensorType
 
+# A C++ kernel takes in nodes that share no buffer with it only up to this many streams
+# (buffers read or written): see scheduler.schedule.
+CPU_UNRELATED_STREAMS = 12
 # A pointwise value read by several consumers is computed once into a buffer when its
 # expression is larger than this (else it is recomputed in each consumer).
 INLINE_LIMIT = 48
@@ -354,8 +357,10 @@ class KernelGraphLowering(GraphLowering):
         readers = _readers(lines, set(self.compute))
         order = sorted(self.compute.values(), key=lambda n: position[n.name])
         state = StateOrder(lines, self.compute, self.mutations, PendingCompute) if self.mutations.mutated else None
-        groups = schedule(order, position, readers, unrelated_reductions=self.language != "triton",
-                          blocked=state.blocked if state is not None else None)
+        cpu = self.language != "triton"
+        groups = schedule(order, position, readers, unrelated_reductions=cpu,
+                          blocked=state.blocked if state is not None else None,
+                          unrelated_streams=CPU_UNRELATED_STREAMS if cpu else None)
         needed = {name for name, where in readers.items() if name in self.compute and _read_outside(name, where, lines, groups)}
         codegen = kernel_codegen(self.language)
         hints = {info.symbol: info.hint for info in self.symbols.infos()}
