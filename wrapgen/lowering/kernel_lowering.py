@@ -41,7 +41,7 @@ from wrapgen.lowering.loop_ops.index_put import CPP_ONLY
 from wrapgen.lowering.loop_ops.recompute import numel
 from wrapgen.lowering.loop_order import reduction_order, reorder
 from wrapgen.lowering.multi_kernel import with_reduction_variants
-from wrapgen.lowering.mutation import MutationTracker, StateOrder, is_copy
+from wrapgen.lowering.mutation import MutationTracker, StateOrder, is_copy, written_back
 from wrapgen.lowering.scheduler import FusionGroup, schedule
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
@@ -106,6 +106,7 @@ class KernelGraphLowering(GraphLowering):
         self.stride_symbols: dict[tuple[str, int], sympy.Symbol] = {}
         self.call_symbols: dict[sympy.Expr, sympy.Symbol] = {}
         self.mutations = MutationTracker(self)
+        self.in_place: dict[torch.fx.Node, torch.fx.Node] = {}  # new values of state -> the state (_plan)
 
     # -- planning ------------------------------------------------------------------------
     def lower(self):
@@ -130,6 +131,7 @@ class KernelGraphLowering(GraphLowering):
             if n in loop and op_key(n) in VIEW_OPS and any(u not in loop for u in n.users):
                 loop.discard(n)
         self.loop_nodes = loop
+        self.in_place = written_back(graph, self.captured.mutations)
 
     def _excluded(self, node: torch.fx.Node) -> bool:
         """Ops the kernel language cannot express on this device (they stay library calls)."""
@@ -202,6 +204,10 @@ class KernelGraphLowering(GraphLowering):
         reads = _full_size_reads(value)
         shared = several and (size(value.body) > INLINE_LIMIT or len(reads) > READS_LIMIT)
         if external or shared:
+            if node in self.in_place:  # a new value of state: computed into the state itself
+                stored = self.mutations.realize_in_place(node, value, self.in_place[node])
+                if stored is not None:
+                    return stored
             return self.realize(value, node.meta["val"], op_key(node) or "getitem")
         return value
 

@@ -70,6 +70,18 @@ class MutationTracker:
                 low.values[node] = _realized(low, node, value)
                 self.record(node, low.values[node])
 
+    def realize_in_place(self, node: torch.fx.Node, value: LoopValue, placeholder: torch.fx.Node) -> Buffer | None:
+        """Compute `value` (node's, to be stored into `placeholder` at the end) into the
+        placeholder's storage now, so it is written once; the later store then copies the
+        storage onto itself, which `copy_into` drops. None where a kernel cannot store it there."""
+        destination = self.lowering.values.get(placeholder)
+        if not isinstance(destination, Buffer):
+            return None
+        self.before_write({destination.root}, node, None)
+        if not self.copy_into(destination, value, "in_place"):
+            return None
+        return destination
+
     def written_roots(self, node: torch.fx.Node) -> set[str]:
         """The storages a library call (or copy_) writes, from its schema's mutable arguments."""
         from wrapgen.lowering.graph_lowering import _mutated_argument_indices
@@ -131,6 +143,39 @@ class MutationTracker:
                            target=destination.name)
         low._add_compute(node)
         return True
+
+
+def written_back(graph: torch.fx.Graph, mutations: dict[int, str]) -> dict[torch.fx.Node, torch.fx.Node]:
+    """Values the graph ends by storing into a placeholder (source node -> placeholder) whose old
+    value nothing reads after the source is computed: such a value may be computed straight into
+    the placeholder's storage, once (`MutationTracker.realize_in_place`). The stores are
+    aot_autograd's `copy_(input, value)` epilogues and torch.export's mutation outputs."""
+    nodes = list(graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    placeholders = {n.name: n for n in nodes if n.op == "placeholder"}
+    pairs: list[tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]] = []  # (source, placeholder, store)
+    for node in nodes:
+        if is_copy(node) and all(isinstance(a, torch.fx.Node) for a in node.args[:2]) and node.args[0].op == "placeholder":
+            pairs.append((node.args[1], node.args[0], node))
+    output = next(n for n in reversed(nodes) if n.op == "output")
+    values = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
+    for index, name in mutations.items():
+        if index < len(values) and isinstance(values[index], torch.fx.Node) and name in placeholders:
+            pairs.append((values[index], placeholders[name], output))
+    found: dict[torch.fx.Node, torch.fx.Node] = {}
+    stores = [p for _, p, _ in pairs]
+    for source, placeholder, store in pairs:
+        if source.op != "call_function" or stores.count(placeholder) != 1 or source in found:
+            continue
+        fake, target = source.meta.get("val"), placeholder.meta.get("val")
+        if not (isinstance(fake, torch.Tensor) and isinstance(target, torch.Tensor)):
+            continue
+        if fake.shape != target.shape or fake.dtype != target.dtype:
+            continue
+        if any(order[u] > order[source] and u is not store for u in placeholder.users):
+            continue  # the old value is read after the new one exists
+        found[source] = placeholder
+    return found
 
 
 def _reads_root(value: object, root: str, root_of: Callable[[str], str]) -> bool:
@@ -222,11 +267,13 @@ class StateOrder:
             for root in self.node_writes[m.node.name]:
                 if any(p < q < here and q not in at for q in (*self.reads.get(root, ()), *self.writes.get(root, ()))):
                     return True
+        if any(m.level != "row" and self.node_writes[m.node.name] for m in extended.members):
+            return True  # inside a reduction's loop a later pass may recompute a value from it
         written = set().union(*(self.node_writes[m.node.name] for m in others))
         if self.node_reads[name] & written:
             return True  # a read of a storage after its write in the same kernel
         for root in self.node_writes[name]:
-            if root in written or member.level != "row":
+            if root in written:
                 return True
             unit = unit_vars(extended)
             store = Load(member.node.target, member.node.store_index, member.node.dtype)
