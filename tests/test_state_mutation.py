@@ -349,3 +349,15 @@ def test_batch_norm_training_statistics_are_kernels():
     program = wrapgen.lower(ConvBlock().train(), (torch.randn(4, 3, 8, 8),))
     text = str(program)
     assert "batch_norm" not in text and "var_mean" not in text, text
+
+
+def test_static_cache_generate_example():
+    """examples/static_cache_generate.py: `model.generate(cache_implementation="static")` with the
+    forward compiled by wrapgen through transformers' CompileConfig gives eager's tokens."""
+    pytest.importorskip("transformers")
+    import runpy
+    from pathlib import Path
+
+    torch._dynamo.reset()
+    example = runpy.run_path(str(Path(__file__).parent.parent / "examples" / "static_cache_generate.py"))
+    example["main"]()
