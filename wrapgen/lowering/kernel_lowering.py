@@ -41,7 +41,7 @@ from wrapgen.lowering.loop_ops.index_put import CPP_ONLY
 from wrapgen.lowering.loop_ops.recompute import numel
 from wrapgen.lowering.loop_order import reduction_order, reorder
 from wrapgen.lowering.multi_kernel import with_reduction_variants
-from wrapgen.lowering.mutation import MutationTracker, StateOrder, is_copy, written_back
+from wrapgen.lowering.mutation import MutationTracker, StateOrder, is_copy, writes_in_place, written_back
 from wrapgen.lowering.scheduler import FusionGroup, schedule
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
@@ -132,6 +132,7 @@ class KernelGraphLowering(GraphLowering):
                 loop.discard(n)
         self.loop_nodes = loop
         self.in_place = written_back(graph, self.captured.mutations)
+        self.mutations.active = writes_in_place(graph, self.captured.mutations)
 
     def _excluded(self, node: torch.fx.Node) -> bool:
         """Ops the kernel language cannot express on this device (they stay library calls)."""

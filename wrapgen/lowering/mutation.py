@@ -40,12 +40,15 @@ class MutationTracker:
         self.root_of: dict[str, str] = {}
         self.deferred: dict[str, set[torch.fx.Node]] = {}  # root -> nodes whose loop value loads it
         self.mutated: set[str] = set()  # roots written in place
+        self.active = True  # whether the graph writes anything in place (else nothing is indexed)
 
     def root(self, name: str) -> str:
         return self.root_of.get(name, name)
 
     def record(self, node: torch.fx.Node, value: object) -> None:
         """Note the storages of a lowered value, and the storages a deferred value reads."""
+        if not self.active:
+            return
         for v in value if isinstance(value, tuple) else (value,):
             if isinstance(v, Buffer):
                 self.root_of[v.name] = v.root
@@ -215,6 +218,22 @@ def _writable(low, destination: Buffer) -> bool:
             return False
         span = stride * extent
     return True
+
+
+def writes_in_place(graph: torch.fx.Graph, mutations: dict[int, str]) -> bool:
+    """Whether anything in the graph writes storage in place (an op with a mutable argument, a
+    user Triton kernel, a write-back of a mutated input): the lowering tracks state only then."""
+    from wrapgen.lowering.graph_lowering import _mutated_argument_indices
+    from wrapgen.lowering.user_triton import is_user_triton
+
+    if mutations:
+        return True
+    for node in graph.nodes:
+        target = node.target
+        if node.op == "call_function" and (is_user_triton(target) or isinstance(target, torch._ops.OpOverload)
+                                           and _mutated_argument_indices(target)):
+            return True
+    return False
 
 
 def is_copy(node: torch.fx.Node) -> bool:
