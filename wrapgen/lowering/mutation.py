@@ -88,10 +88,9 @@ class MutationTracker:
     def written_roots(self, node: torch.fx.Node) -> set[str]:
         """The storages a library call (or copy_) writes, from its schema's mutable arguments."""
         from wrapgen.lowering.graph_lowering import _mutated_argument_indices
-
-        target = node.target
         from wrapgen.lowering.user_triton import is_user_triton
 
+        target = node.target
         values = self.lowering.values
         if is_user_triton(target):  # a user kernel may write any tensor it is given
             return {v.root for n in node.all_input_nodes if isinstance(v := values.get(n), Buffer)}
@@ -102,7 +101,7 @@ class MutationTracker:
             argument = target._schema.arguments[index]
             value = node.args[index] if index < len(node.args) else node.kwargs.get(argument.name)
             for v in value if isinstance(value, (list, tuple)) else (value,):
-                lowered = self.lowering.values.get(v) if isinstance(v, torch.fx.Node) else None
+                lowered = values.get(v) if isinstance(v, torch.fx.Node) else None
                 if isinstance(lowered, Buffer):
                     roots.add(lowered.root)
         return roots
