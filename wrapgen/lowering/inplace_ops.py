@@ -182,8 +182,8 @@ class _Splitter:
         result = self._call(functional, tuple(self.node.args), dict(self.node.kwargs))
         if result is None or not isinstance(target, torch.fx.Node):
             return False
-        if result.meta["val"].shape != target.meta["val"].shape:
-            return False  # a broadcast the in-place op refuses anyway
+        if result.meta["val"].shape != target.meta["val"].shape or result.meta["val"].dtype != target.meta["val"].dtype:
+            return False  # a broadcast or a type promotion the in-place op refuses: its call says so
         copy = self._call(aten.copy_.default, (target, result), {})
         self.node.replace_all_uses_with(copy)
         self.graph.erase_node(self.node)
