@@ -361,3 +361,25 @@ def test_static_cache_generate_example():
     torch._dynamo.reset()
     example = runpy.run_path(str(Path(__file__).parent.parent / "examples" / "static_cache_generate.py"))
     example["main"]()
+
+
+def test_cpu_kernels_take_in_unrelated_updates_up_to_a_stream_limit():
+    """Ten equal-shaped SGD updates share no buffer: a C++ kernel takes in such nodes only while it
+    touches at most CPU_UNRELATED_STREAMS buffers (one loop of 30 streams ran at half bandwidth)."""
+    from wrapgen.lowering.kernel_lowering import CPU_UNRELATED_STREAMS
+
+    def step(params, bufs, grads):
+        torch._foreach_mul_(bufs, 0.9)
+        torch._foreach_add_(bufs, grads)
+        torch._foreach_add_(params, bufs, alpha=-0.01)
+
+    args = tuple([torch.randn(64, 64) for _ in range(10)] for _ in range(3))
+    program = wrapgen.lower(step, args)
+    calls = [line for line in program.lines if isinstance(line, KernelCall)]
+    assert len(calls) > 1 and all(len(call.uses()) <= CPU_UNRELATED_STREAMS for call in calls), str(program)
+    expected = tuple([t.clone() for t in group] for group in args)
+    step(*expected)
+    wrapgen.compile(step, tuple([t.clone() for t in group] for group in args))(*args)
+    for got, want in zip(args, expected):
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
