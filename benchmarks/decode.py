@@ -337,17 +337,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="the small config (default: on CPU; the 8-layer model on CUDA)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default=None,
                         help="default: bf16 for the full model, fp32 for the small one")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) (default: torch's)")
-    parser.add_argument("--out-dir", type=Path, default=step_rounds.RESULTS_DIR)
-    args = parser.parse_args(argv)
-    if args.threads is not None and args.threads < 1:
-        parser.error("--threads must be at least 1")
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available")
+    args = step_rounds.parse_common(parser, argv)
     on_cuda = args.device == "cuda"
-    args.small = (not on_cuda) if args.small is None else args.small
     args.size = "small" if args.small else "full"
     args.dtype = args.dtype or ("fp32" if args.small else "bf16")
     args.rounds = args.rounds or (7 if on_cuda else 5)

@@ -358,17 +358,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after the check (default 2)")
     parser.add_argument("--small", action=argparse.BooleanOptionalAction, default=None,
                         help="the scaled-down parameter set (default: on CPU; GPT-2 small's shapes on CUDA)")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) (default: torch's)")
-    parser.add_argument("--out-dir", type=Path, default=step_rounds.RESULTS_DIR)
-    args = parser.parse_args(argv)
-    if args.threads is not None and args.threads < 1:
-        parser.error("--threads must be at least 1")
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available")
+    args = step_rounds.parse_common(parser, argv)
     on_cuda = args.device == "cuda"
-    args.small = (not on_cuda) if args.small is None else args.small
     args.rounds = args.rounds or (11 if on_cuda else 5)
     args.steps = args.steps or (20 if on_cuda else 10)
     for name in ("rounds", "steps", "check_steps"):

@@ -11,6 +11,7 @@ rounds; the others go on.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import statistics
@@ -191,3 +192,20 @@ def write(out_dir: Path, stem: str, markdown: str, payload: dict[str, Any]) -> l
 
 def rows_json(rows: Sequence[Row]) -> list[dict[str, Any]]:
     return [asdict(r) | {"median_s": r.median_s} for r in rows]
+
+
+def parse_common(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Add the options every step benchmark shares (--threads, --out-dir), parse, and settle the
+    device (CUDA when available) and --small (the default off CUDA)."""
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) (default: torch's)")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be at least 1")
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    if args.small is None:
+        args.small = args.device != "cuda"
+    return args

@@ -129,9 +129,9 @@ def test_compiled_optimizer_step(name, target, kernels):
             torch.testing.assert_close(b[key], a[key])
 
 
-def test_adamw_step_is_one_kernel_per_parameter():
-    """Each parameter's whole update (p, exp_avg, exp_avg_sq) is one kernel that writes all three
-    in place; nothing is left to library calls."""
+def _lowered_aten_graph(fn, args: tuple, calls: int, name: str):
+    """The program wrapgen lowers from the last ATen graph aot_autograd makes of `fn` (mutations
+    kept as copy_ epilogues, as wrapgen's backend asks), after `calls` calls."""
     from torch._dynamo.backends.common import aot_autograd
 
     from wrapgen.lowering.capture import capture_aten_graph
@@ -144,15 +144,21 @@ def test_adamw_step_is_one_kernel_per_parameter():
         graphs.append(gm)
         return gm
 
-    params = _params()
-    opt = torch.optim.AdamW(params, lr=0.01, foreach=True)
     backend = aot_autograd(fw_compiler=keep, inference_compiler=keep, decompositions=aot_autograd_table(),
                            keep_inference_input_mutations=True)
     torch._dynamo.reset()
-    step = torch.compile(opt.step, backend=backend)
-    step()
-    step()  # the second step's graph: the state exists
-    program = lower_captured(capture_aten_graph(graphs[-1]), "step")
+    compiled = torch.compile(fn, backend=backend)
+    for _ in range(calls):
+        compiled(*args)
+    return lower_captured(capture_aten_graph(graphs[-1]), name)
+
+
+def test_adamw_step_is_one_kernel_per_parameter():
+    """Each parameter's whole update (p, exp_avg, exp_avg_sq) is one kernel that writes all three
+    in place; nothing is left to library calls."""
+    params = _params()
+    opt = torch.optim.AdamW(params, lr=0.01, foreach=True)
+    program = _lowered_aten_graph(opt.step, (), calls=2, name="step")  # the second step's: the state exists
     text = str(program)
     assert "extern" not in text, text
     inputs = {i.name for i in program.inputs}
@@ -235,24 +241,8 @@ def test_cache_update_writes_only_the_new_rows(target, kernels):
 
 
 def test_cache_update_program_has_no_cache_copy():
-    from wrapgen.lowering.capture import capture_aten_graph
-    from wrapgen.lowering.lower import lower_captured
-
-    graphs = []
-
-    def keep(gm, _inputs):
-        graphs.append(gm)
-        return gm
-
-    from torch._dynamo.backends.common import aot_autograd
-
-    from wrapgen.lowering.decompositions import aot_autograd_table
-
-    backend = aot_autograd(fw_compiler=keep, inference_compiler=keep, decompositions=aot_autograd_table(),
-                           keep_inference_input_mutations=True)
-    torch._dynamo.reset()
-    torch.compile(KeyCache(), backend=backend)(torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8), torch.tensor([3]))
-    program = lower_captured(capture_aten_graph(graphs[-1]), "decode")
+    args = (torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8), torch.tensor([3]))
+    program = _lowered_aten_graph(KeyCache(), args, calls=1, name="decode")
     text = str(program)
     cache = program.inputs[0].name
     writers = [line for line in program.lines if cache in getattr(line, "writes", ())]

@@ -101,8 +101,19 @@ def rewrite_calls(captured: CapturedGraph, target: object, applies: Callable[[to
     is truthy goes to `rewrite(graph, node, what applies returned, fake mode)` on a copy of the
     graph (True when it changed the copy). `captured` itself when nothing applies or changes,
     so a graph without such calls is not copied."""
-    calls = captured.graph_module.graph.find_nodes(op="call_function", target=target)
-    if not any(applies(n) for n in calls):
+    return rewrite_nodes(captured, applies, rewrite, target)
+
+
+def rewrite_nodes(captured: CapturedGraph, applies: Callable[[torch.fx.Node], object],
+                  rewrite: Callable[[torch.fx.Graph, torch.fx.Node, object, object], bool],
+                  target: object = None) -> CapturedGraph:
+    """`rewrite_calls` over every call (of `target` when given) for which `applies` is truthy."""
+    def calls(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+        if target is not None:
+            return list(graph.find_nodes(op="call_function", target=target))
+        return [n for n in graph.nodes if n.op == "call_function"]
+
+    if not any(applies(n) for n in calls(captured.graph_module.graph)):
         return captured
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(captured.graph_module.graph, {}))
@@ -110,7 +121,7 @@ def rewrite_calls(captured: CapturedGraph, target: object, applies: Callable[[to
     if fake_mode is None:
         return captured
     changed = False
-    for node in list(graph.find_nodes(op="call_function", target=target)):
+    for node in calls(graph):
         found = applies(node)
         if found:
             changed |= rewrite(graph, node, found, fake_mode)

@@ -23,7 +23,7 @@ import torch
 import torch.fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from wrapgen.lowering.capture import CapturedGraph, graph_fake_mode, with_graph
+from wrapgen.lowering.capture import CapturedGraph, rewrite_nodes
 
 aten = torch.ops.aten
 
@@ -44,21 +44,8 @@ class _Resolve(TorchDispatchMode):
 def split_inplace_ops(captured: CapturedGraph, device_type: str) -> CapturedGraph:
     """`captured` with `_foreach_*` ops split per tensor and in-place pointwise ops made functional
     plus `copy_` (on a copy of the graph), or `captured` itself when nothing changes."""
-    nodes = [n for n in captured.graph_module.graph.nodes if _candidate(n)]
-    if not nodes:
-        return captured
-    graph = torch.fx.Graph()
-    graph.output(graph.graph_copy(captured.graph_module.graph, {}))
-    fake_mode = graph_fake_mode(graph)
-    if fake_mode is None:
-        return captured
-    changed = False
-    for node in [n for n in graph.nodes if _candidate(n)]:
-        changed |= _Splitter(graph, node, fake_mode, device_type).run()
-    if not changed:
-        return captured
-    graph.lint()
-    return with_graph(captured, graph)
+    return rewrite_nodes(captured, _candidate,
+                         lambda graph, node, _, fake_mode: _Splitter(graph, node, fake_mode, device_type).run())
 
 
 def _candidate(node: torch.fx.Node) -> bool:
