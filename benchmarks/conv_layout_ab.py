@@ -1,4 +1,4 @@
-"""A/B of channels-last convolutions (wrapgen/lowering/conv_layout.py) on one model: wrapgen with
+"""A/B of channels-last convolutions (wrapgen/lowering/graph_passes/conv_layout.py) on one model: wrapgen with
 the rewrite off and on, and eager NCHW vs channels-last, interleaved rounds, median per call.
 It is how the CPU default (off) was decided; on CUDA it measures the shipped default against off.
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 import wrapgen
-import wrapgen.lowering.conv_layout as conv_layout
+import wrapgen.lowering.graph_passes.conv_layout as conv_layout
 from benchmarks import models
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -1,5 +1,5 @@
 """`a + index_put(zeros, [index], values, accumulate=True)` lowered as one accumulate into `a`
-(`wrapgen/lowering/accumulate_into_add.py`): the tied-embedding gradient of GPT-2's backward."""
+(`wrapgen/lowering/graph_passes/accumulate_into_add.py`): the tied-embedding gradient of GPT-2's backward."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A CUDA addmm read only by pointwise ops becomes mm + bias in the reading kernel
-(wrapgen/lowering/addmm_bias.py). The rewrite itself is checked on CPU with fake CUDA tensors
+(wrapgen/lowering/graph_passes/addmm_bias.py). The rewrite itself is checked on CPU with fake CUDA tensors
 (the graph is rewritten, never run); on a GPU every target runs the models against eager."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from torch._subclasses import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import wrapgen
-from wrapgen.lowering.addmm_bias import bias_into_readers
 from wrapgen.lowering.capture import CapturedGraph
+from wrapgen.lowering.graph_passes.addmm_bias import bias_into_readers
 
 aten = torch.ops.aten
 TARGETS = ["python", "cpp", "fx"]

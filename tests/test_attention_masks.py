@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import wrapgen
-from wrapgen.lowering.attention_masks import float_attention_masks
 from wrapgen.lowering.capture import capture
+from wrapgen.lowering.graph_passes.attention_masks import float_attention_masks
 from wrapgen.wrapper_ir import ExternKernel
 
 TARGETS = ("python", "cpp", "fx")

@@ -1,4 +1,4 @@
-"""A bmm against one matrix broadcast over the batch becomes one mm (lowering/broadcast_bmm.py):
+"""A bmm against one matrix broadcast over the batch becomes one mm (lowering/graph_passes/broadcast_bmm.py):
 nn.MultiheadAttention's in-projection of a sequence-first view, both fold orders of the rows,
 and the cases it must leave alone, on every target against eager."""
 

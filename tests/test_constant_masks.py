@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import wrapgen
 from wrapgen.lowering.capture import capture
-from wrapgen.lowering.constant_masks import drop_constant_masks, mask_kind
+from wrapgen.lowering.graph_passes.constant_masks import drop_constant_masks, mask_kind
 from wrapgen.wrapper_ir import ExternKernel
 
 TARGETS = ("python", "cpp", "fx")

@@ -1,4 +1,4 @@
-"""Channels-last convolutions (wrapgen/lowering/conv_layout.py) and memory-order loops
+"""Channels-last convolutions (wrapgen/lowering/graph_passes/conv_layout.py) and memory-order loops
 (wrapgen/lowering/loop_order.py).
 
 The rewrite runs on CUDA only by default (on CPU mkldnn measured no faster, see README), so the
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import wrapgen
-import wrapgen.lowering.conv_layout as conv_layout
+import wrapgen.lowering.graph_passes.conv_layout as conv_layout
 from wrapgen.kernels.triton import compat
 from wrapgen.lowering.capture import capture
 from wrapgen.lowering.loop_ir import Load, red_vars, row_vars

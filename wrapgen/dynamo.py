@@ -131,7 +131,7 @@ def wrapgen_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dic
 
     from wrapgen.kernels.triton.runtime import start_workers_early
     from wrapgen.lowering.decompositions import aot_autograd_table
-    from wrapgen.lowering.traced_masks import drop_traced_masks
+    from wrapgen.lowering.graph_passes import TRACED_PASSES, run_passes
 
     config.validate(dict(options or {}))
     # Options are taken now, when dynamo compiles: the backward graph, compiled at the first
@@ -139,8 +139,7 @@ def wrapgen_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dic
     settings = {**config.snapshot(), **(options or {})}
     with config.patch(settings):
         start_workers_early(example_inputs)  # they start while aot_autograd traces
-        if config.constant_masks:  # before aot_autograd: the backward it derives drops them too
-            drop_traced_masks(gm)
+        gm = run_passes(TRACED_PASSES, gm, "dynamo")  # before aot_autograd: the backward it derives sees them
 
     def compiler(name: str) -> Callable:
         def compile_graph(graph: torch.fx.GraphModule, _inputs: list) -> Callable:

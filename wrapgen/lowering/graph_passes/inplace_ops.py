@@ -5,7 +5,7 @@ An optimizer traced with `foreach=True` holds one `_foreach_*` node per arithmet
 its tensors: as library calls, AdamW over GPT-2's 146 tensors is ~15 such calls, each a pass over
 every parameter and a list of results. Split per tensor, each tensor's whole update (p, m, v)
 inlines into the `copy_` that aot_autograd keeps for each mutated input, and becomes one kernel
-that reads p, g, m, v once and writes p, m, v in place (mutation.py).
+that reads p, g, m, v once and writes p, m, v in place (lowering/mutation.py).
 
 An in-place op (`x.add_(y)`, `_foreach_mul_`) becomes its functional op followed by a
 `copy_` into the mutated argument; the `copy_` is the one mutation the lowering handles.

@@ -16,7 +16,7 @@ import operator
 import torch
 import torch.fx
 
-from wrapgen.lowering.constant_masks import constant_kind, erase_evaluated, pure_closure
+from wrapgen.lowering.graph_passes.constant_masks import constant_kind, erase_evaluated, pure_closure
 
 _ATTENTION = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
 _PURE_FUNCTIONS = frozenset({

@@ -27,7 +27,6 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from wrapgen import config
 from wrapgen.lowering.capture import CapturedGraph, fake_value, graph_fake_mode, with_graph
 
 # Devices on which the rewrite runs. CPU is left out: on the small ResNet config the per-call
@@ -83,9 +82,8 @@ def _grouped(node: torch.fx.Node) -> bool:
 
 def channels_last_convolutions(captured: CapturedGraph, devices: frozenset[str] | None = None) -> CapturedGraph:
     """`captured` with its 2-d convolutions in channels-last (a new graph), or `captured` itself
-    when the option is off, nothing qualifies, or the rewrite would not pay."""
-    if not config.layout_optimization:
-        return captured
+    when nothing qualifies or the rewrite would not pay (`config.layout_optimization` switches
+    the pass on, in graph_passes' list)."""
     devices = DEVICES if devices is None else devices
     graph = captured.graph_module.graph
     convs = [n for n in graph.nodes if is_conv2d(n, devices)]

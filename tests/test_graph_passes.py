@@ -1,0 +1,110 @@
+"""The graph passes (wrapgen/lowering/graph_passes/): ordered lists run by one loop, each pass's
+options read when the graph is compiled, and with `debug_dir` the graph dumped after each pass
+that changed it."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import wrapgen
+from wrapgen.lowering.graph_passes import ATEN_PASSES, TRACED_PASSES, GraphPass, run_passes
+
+
+def test_the_passes_in_order():
+    assert [(p.name, p.options) for p in ATEN_PASSES] == [
+        ("conv_layout", ("layout_optimization",)),
+        ("broadcast_bmm", ()),
+        ("accumulate_into_add", ()),
+        ("constant_masks", ("constant_masks",)),
+        ("addmm_bias", ("kernels", "bias_in_kernels")),
+        ("reinplace", ("kernels",)),
+        ("inplace_ops", ("kernels",)),
+        ("attention_masks", ("kernels",)),
+    ]
+    assert [(p.name, p.options) for p in TRACED_PASSES] == [("traced_masks", ("constant_masks",))]
+
+
+def test_a_pass_runs_only_with_all_its_options_on():
+    ran: list[str] = []
+    passes = [GraphPass(name, options, lambda g, name=name: ran.append(name) or g)
+              for name, options in (("always", ()), ("kernels", ("kernels",)), ("both", ("kernels", "cuda_graphs")))]
+    with wrapgen.config.patch(kernels=True, cuda_graphs=False, debug_dir=None):
+        assert run_passes(passes, "graph", "test") == "graph"
+    assert ran == ["always", "kernels"]
+    ran.clear()
+    with wrapgen.config.patch(kernels=False, cuda_graphs=True, debug_dir=None):
+        run_passes(passes, "graph", "test")
+    assert ran == ["always"]
+
+
+class MaskedProduct(torch.nn.Module):
+    """A bmm against one weight broadcast over the batch (broadcast_bmm makes it one mm) and
+    attention under a causal mask built from aranges (constant_masks makes it is_causal)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(96, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = torch.bmm(x, self.weight.expand(x.shape[0], *self.weight.shape)).relu()[:, None]
+        rows = torch.arange(q.shape[-2])[:, None]
+        cols = torch.arange(q.shape[-2])[None, :]
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=cols <= rows)
+
+
+def _dumps(root) -> dict[str, dict[str, str]]:
+    """{graph folder: {file: text}} under <debug_dir>/graph_passes."""
+    return {folder.name: {f.name: f.read_text() for f in sorted(folder.iterdir())}
+            for folder in sorted((root / "graph_passes").iterdir())}
+
+
+def test_debug_dir_holds_the_graph_after_each_pass_that_changed_it(tmp_path):
+    model, x = MaskedProduct(), torch.randn(2, 16, 96)
+    with wrapgen.config.patch(debug_dir=str(tmp_path)), torch.no_grad():
+        wrapgen.lower(model, (x,))
+    (folder, files), = _dumps(tmp_path).items()
+    assert folder.endswith("_forward")
+    assert list(files) == ["00-input.txt", "02-broadcast_bmm.txt", "04-constant_masks.txt"]
+    given, folded, unmasked = files.values()
+    assert "torch.ops.aten.bmm.default" in given and "torch.ops.aten.bmm.default" not in folded
+    assert "torch.ops.aten.mm.default" in folded
+    assert folded.startswith("# after pass 2, broadcast_bmm (always on)\n")
+    assert "arange" in folded and "arange" not in unmasked and "is_causal = True" in unmasked
+    assert unmasked.startswith("# after pass 4, constant_masks (constant_masks)\n")
+    assert "f32[2, 16, 8][128, 8, 1]cpu" in folded  # sizes, strides and device
+
+
+def test_options_are_read_when_the_graph_is_compiled(tmp_path):
+    model, x = MaskedProduct(), torch.randn(2, 16, 96)
+    with wrapgen.config.patch(debug_dir=str(tmp_path), constant_masks=False), torch.no_grad():
+        wrapgen.lower(model, (x,))
+    (files,) = _dumps(tmp_path).values()
+    assert list(files) == ["00-input.txt", "02-broadcast_bmm.txt", "08-attention_masks.txt"]  # the mask stays
+
+
+def test_no_dump_without_debug_dir_or_without_a_change(tmp_path):
+    x = torch.randn(4, 4)
+    with wrapgen.config.patch(debug_dir=str(tmp_path)):
+        wrapgen.lower(lambda a: a.relu() + 1, (x,))  # no pass changes it
+    assert not (tmp_path / "graph_passes").exists()
+    with wrapgen.config.patch(debug_dir=None), torch.no_grad():
+        wrapgen.lower(MaskedProduct(), (torch.randn(2, 16, 96),))
+    assert not (tmp_path / "graph_passes").exists()
+
+
+def test_torch_compile_dumps_dynamos_graph_too(tmp_path):
+    def causal(q: torch.Tensor) -> torch.Tensor:
+        rows = torch.arange(q.shape[-2])[:, None]
+        cols = torch.arange(q.shape[-2])[None, :]
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=cols <= rows)
+
+    torch._dynamo.reset()
+    q = torch.randn(2, 3, 8, 4)
+    compiled = torch.compile(causal, backend="wrapgen", dynamic=False,
+                             options={"debug_dir": str(tmp_path), "kernels": False})
+    torch.testing.assert_close(compiled(q), causal(q))
+    dumps = _dumps(tmp_path)
+    (traced,) = [files for folder, files in dumps.items() if folder.endswith("_dynamo")]
+    assert list(traced) == ["00-input.txt", "01-traced_masks.txt"]
+    assert "is_causal = True" in traced["01-traced_masks.txt"]

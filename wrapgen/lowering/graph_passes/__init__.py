@@ -1,0 +1,77 @@
+"""Rewrites of the captured graph before lowering, as ordered lists of passes.
+
+`ATEN_PASSES` rewrite the ATen graph that `lower_captured` lowers, in this order; `TRACED_PASSES`
+rewrite the torch-level graph dynamo hands the backend, before aot_autograd traces it (so the
+backward it derives sees the rewrite too). Each pass is one module here; `pipeline.run_passes`
+runs a list (and, with `config.debug_dir`, dumps the graph after each pass that changed it).
+
+The decomposition tables torch applies while capturing stay with capture
+(`lowering/decompositions.py`), and the per-node decisions taken while lowering (constant
+folding, out= variants, library result layouts) with the lowering.
+"""
+
+from __future__ import annotations
+
+import torch.fx
+
+from wrapgen.lowering.capture import CapturedGraph
+from wrapgen.lowering.graph_passes.accumulate_into_add import accumulate_into_add
+from wrapgen.lowering.graph_passes.addmm_bias import bias_into_readers
+from wrapgen.lowering.graph_passes.attention_masks import float_attention_masks
+from wrapgen.lowering.graph_passes.broadcast_bmm import fold_broadcast_bmm
+from wrapgen.lowering.graph_passes.constant_masks import drop_constant_masks
+from wrapgen.lowering.graph_passes.conv_layout import channels_last_convolutions
+from wrapgen.lowering.graph_passes.inplace_ops import split_inplace_ops
+from wrapgen.lowering.graph_passes.pipeline import GraphPass, run_passes
+from wrapgen.lowering.graph_passes.reinplace import scatter_in_place
+from wrapgen.lowering.graph_passes.traced_masks import drop_traced_masks
+from wrapgen.lowering.kernel_lowering import kernel_device, kernel_language
+
+
+def _kernel_device_type(captured: CapturedGraph) -> str | None:
+    """The type of the device the graph's generated kernels run on; None when no kernel
+    language serves it (its ops stay library calls)."""
+    device = kernel_device(captured.graph_module.graph)
+    return device.type if kernel_language(device) is not None else None
+
+
+def _scatter_in_place(captured: CapturedGraph) -> CapturedGraph:
+    return scatter_in_place(captured) if _kernel_device_type(captured) is not None else captured
+
+
+def _split_inplace_ops(captured: CapturedGraph) -> CapturedGraph:
+    device_type = _kernel_device_type(captured)
+    return split_inplace_ops(captured, device_type) if device_type is not None else captured
+
+
+def _drop_traced_masks(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    drop_traced_masks(gm)  # in place
+    return gm
+
+
+ATEN_PASSES: tuple[GraphPass, ...] = (
+    # 2-d convolutions on CUDA read and write NHWC
+    GraphPass("conv_layout", ("layout_optimization",), channels_last_convolutions),
+    # bmm against one broadcast matrix: one mm
+    GraphPass("broadcast_bmm", (), fold_broadcast_bmm),
+    # a + (rows accumulated into zeros): rows accumulated into a
+    GraphPass("accumulate_into_add", (), accumulate_into_add),
+    # masks that mask nothing are dropped, exactly the causal mask becomes is_causal
+    GraphPass("constant_masks", ("constant_masks",), drop_constant_masks),
+    # The rest only with generated kernels: they pay when their work fuses into one.
+    # CUDA addmm read only by pointwise ops: mm, its bias added by the kernel reading it
+    GraphPass("addmm_bias", ("kernels", "bias_in_kernels"), bias_into_readers),
+    # on a device with a kernel language: a KV-cache update writes the cache's new rows only
+    GraphPass("reinplace", ("kernels",), _scatter_in_place),
+    # on a device with a kernel language: _foreach_ and in-place ops as loops + copy_
+    GraphPass("inplace_ops", ("kernels",), _split_inplace_ops),
+    # boolean SDPA masks as float masks, made once by a generated kernel
+    GraphPass("attention_masks", ("kernels",), float_attention_masks),
+)
+
+TRACED_PASSES: tuple[GraphPass, ...] = (
+    # constant attention masks in dynamo's graph: dropped or is_causal, in forward and backward
+    GraphPass("traced_masks", ("constant_masks",), _drop_traced_masks),
+)
+
+__all__ = ["ATEN_PASSES", "TRACED_PASSES", "GraphPass", "run_passes"]
