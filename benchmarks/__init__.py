@@ -6,6 +6,9 @@ measured side by side on a fixed set of micro workloads, and on real models.
     python -m benchmarks.model_lowering [--models ...]     generated kernels vs library calls
     make bench
 
+Results go to benchmarks/results/ as `<suite>-<device>-<YYYY-MM-DD>-<machine>-<commit>.{md,png,json}`
+(`machine.file_stem`); benchmarks/results/README.md indexes the current page of each suite.
+
 Modules, one job each:
     workloads       the micro workloads and their input sizes per device
     models          the real models (GPT-2, Llama-style GQA, BERT, ResNet-50, ViT-B/16) from configs
@@ -13,7 +16,7 @@ Modules, one job each:
     contenders      how each contender is built (eager, torch.compile, wrapgen targets), with fresh caches
     measure         timing, peak memory, copy bandwidth, the correctness check
     harness         the loop over workloads x contenders in rounds: build, check, time, measure
-    machine         date, machine, versions: what a result file is named after
+    machine         date, machine, versions, commit: what a result file is named after
     report          the markdown table, the PNG chart and a JSON dump of the raw numbers
     model_suite     the models as workloads, their contenders, tolerances and result files
     model_report    the markdown page of a model run

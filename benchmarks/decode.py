@@ -390,8 +390,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     payload = {"machine": info.as_dict(), "transformers": tf.__version__, "settings": settings | {
         "size": args.size, "dtype": args.dtype, "prompt": args.prompt, "tokens": args.tokens, "rounds": args.rounds,
         "parameters": count}, "command": command, "results": step_rounds.rows_json(rows)}
-    suffix = f"-decode-{args.size}-{args.dtype}" + (f"-threads{args.threads}" if args.threads else "")
-    paths = step_rounds.write(args.out_dir, machine.file_stem(info, suffix), text, payload)
+    suite = f"decode-{args.size}-{args.dtype}" + (f"-threads{args.threads}" if args.threads else "")
+    paths = step_rounds.write(args.out_dir, machine.file_stem(info, suite), text, payload)
     print(text.split("## Method")[0].split("## Decode steps")[1].strip())
     for path in paths:
         print(f"wrote {path}")

@@ -9,12 +9,17 @@ per-contender medians over the rounds give ratios the drift cannot bias. Warm ca
 compiles and peak memory are `benchmarks.run`'s.
 
     python -m benchmarks.interleaved --device cpu --models gpt2,llama --tasks inference,training \\
-        --contenders 'torch.compile,wrapgen[python],wrapgen[cpp]' --rounds 11 --calls 5
+        --contenders 'torch.compile,wrapgen[python],wrapgen[cpp]' --rounds 11 --calls 5 \\
+        [--out-dir benchmarks/results | --out FILE]
+
+--out-dir writes `interleaved-<dtype>[-<size>][-<models>][-<task>]-<device>-<date>-<machine>-<commit>.md`
+(the scheme of benchmarks/results/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -78,13 +83,27 @@ def table(results: dict[str, dict[str, list[float]]], reference: str = "torch.co
     return "\n".join(lines)
 
 
-def provenance(device: str, argv: list[str]) -> str:
+def provenance(device: str, argv: list[str], info: machine.MachineInfo | None = None) -> str:
     """Where and from what a table was measured: a result file read later needs the machine,
     the versions and the commit (a modified checkout names its tree), and the command."""
-    info = machine.collect(device)
+    info = info or machine.collect(device)
     return (f"Measured {info.date} {info.time} on {info.machine} ({info.cores} cores); torch {info.torch}, "
             f"Triton {info.triton}, wrapgen {info.wrapgen} (commit {info.wrapgen_commit}). "
             f"Command: `python -m benchmarks.interleaved {' '.join(argv)}`.")
+
+
+def suite_name(args: argparse.Namespace, size: str) -> str:
+    """`interleaved-<dtype>`, then the size, models and task words of `model_suite.suite_name`."""
+    words = argparse.Namespace(device=args.device, dtype=args.dtype, models=args.models, tasks=args.tasks,
+                               threads=None, quick=False)
+    return "interleaved-" + model_suite.suite_name(words, size).removeprefix("models-")
+
+
+def page(args: argparse.Namespace, argv: list[str], text: str, info: machine.MachineInfo) -> str:
+    """The result file: a title, the provenance line, the table."""
+    title = (f"# Real models, interleaved — {args.device.upper()} — {info.date}, {info.machine}, "
+             f"{machine.commit_tag(info)}")
+    return title + "\n\n" + provenance(args.device, argv, info) + "\n\n" + text + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--calls", type=int, default=5, help="calls per batch")
     parser.add_argument("--out", default=None, help="also write the table to this markdown file")
+    parser.add_argument("--out-dir", default=None,
+                        help="also write it to this folder, named by the results scheme (e.g. benchmarks/results)")
     args = parser.parse_args(argv)
     size = args.size or models.default_size(args.device)
     chosen = [c for c in model_suite.model_contenders(args.device, args.contenders) if c.name != "eager"]
@@ -111,9 +132,17 @@ def main(argv: list[str] | None = None) -> int:
         results[workload.name] = interleave(calls, args.device, args.rounds, args.calls)
     text = table(results)
     print(text)
-    if args.out:
-        with open(args.out, "w") as handle:
-            handle.write(provenance(args.device, sys.argv[1:] if argv is None else argv) + "\n\n" + text + "\n")
+    if args.out or args.out_dir:
+        info = machine.collect(args.device)
+        content = page(args, list(sys.argv[1:] if argv is None else argv), text, info)
+        paths = [args.out] if args.out else []
+        if args.out_dir:
+            os.makedirs(args.out_dir, exist_ok=True)
+            paths.append(os.path.join(args.out_dir, machine.file_stem(info, suite_name(args, size)) + ".md"))
+        for path in paths:
+            with open(path, "w") as handle:
+                handle.write(content)
+            print(f"wrote {path}", file=sys.stderr)
     return 0
 
 

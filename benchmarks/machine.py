@@ -137,12 +137,42 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")
 
 
-def file_stem(info: MachineInfo, suffix: str = "") -> str:
-    """`bench-<device>-<date>-<machine>-torch<v>[-triton<v>]-wrapgen<v>[suffix]`."""
-    parts = ["bench", info.device, info.date, _slug(info.machine), f"torch{_slug(info.torch)}"]
-    if info.triton:
-        parts.append(f"triton{_slug(info.triton)}")
-    parts.append(f"wrapgen{_slug(info.wrapgen)}")
+_VENDOR_WORDS = {"nvidia", "geforce", "tesla", "amd", "radeon", "intel"}
+_GPU_DETAIL = re.compile(r"^(\d+GB|HBM\d*e?|PCIe|SXM\d*|NVL|MIG.*)$", re.IGNORECASE)
+
+
+def machine_tag(info: MachineInfo) -> str:
+    """The machine in a file name: on CUDA the GPU's model without vendor and memory words
+    ("NVIDIA H100 80GB HBM3" -> `H100`, "NVIDIA GeForce RTX 4090" -> `RTX-4090`), else the host name."""
+    if info.device == "cuda" and info.gpu:
+        words = [w for w in re.split(r"[\s_-]+", info.gpu) if w and w.lower() not in _VENDOR_WORDS]
+        model = []
+        for word in words:
+            if _GPU_DETAIL.match(word):
+                break
+            model.append(word)
+        if model:
+            return _slug("-".join(model))
+    return _slug(info.hostname) or "unknown"
+
+
+def commit_tag(info: MachineInfo) -> str:
+    """The code in a file name: the short commit, `-dirty` added for a modified checkout (the page
+    names its working tree), `nocommit` outside a git checkout."""
+    commit = info.wrapgen_commit
+    if not commit:
+        return "nocommit"
+    head = re.match(r"[0-9a-f]+", commit)
+    if not head:
+        return "nocommit"
+    return head.group(0) + ("-dirty" if "+dirty" in commit else "")
+
+
+def file_stem(info: MachineInfo, suite: str) -> str:
+    """`<suite>-<device>-<YYYY-MM-DD>-<machine>-<commit>`: what ran (its configuration words
+    included, e.g. `models-bf16-inference`), where, when and on which code; the scheme
+    benchmarks/results/README.md documents. A CPU run whose every buffer sits on huge pages
+    (torch's THP_MEM_ALLOC_ENABLE) is a separate result: `-torch-thp` joins the suite."""
     if info.device == "cpu" and info.huge_pages.endswith("THP_MEM_ALLOC_ENABLE on"):
-        parts.append("torch-thp")  # every contender's buffers on huge pages: a separate result
-    return "-".join(parts) + suffix
+        suite += "-torch-thp"
+    return "-".join([_slug(suite), info.device, info.date, machine_tag(info), commit_tag(info)])

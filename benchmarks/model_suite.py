@@ -1,6 +1,7 @@
 """The real-model suite: GPT-2, Llama-style (GQA), BERT, ResNet-50, ViT-B/16 as benchmark
 workloads (inference, and a training step for the language models), run by the same harness
-as the micro workloads and written to `bench-...-models[-bf16].{md,png,json}`.
+as the micro workloads and written to
+`models-<dtype>[-<size>][-<models>][-<task>]-<device>-<date>-<machine>-<commit>.{md,png,json}`.
 
     python -m benchmarks.run --models all [--dtype bf16] [--size small] [--tasks inference]
 """
@@ -85,17 +86,22 @@ def model_contenders(device: str, names: str | None) -> list[Contender]:
     return [c for c in every if c.name.startswith(("eager", "torch.compile")) or c.name in targets]
 
 
-def file_suffix(args: argparse.Namespace, size: str) -> str:
-    """`-models`, then what differs from the defaults: `-bf16`, `-full`/`-small` off the device's
-    default, `-threads<N>`, `-quick`."""
-    suffix = "-models"
-    if args.dtype == "bf16":
-        suffix += "-bf16"
+def suite_name(args: argparse.Namespace, size: str) -> str:
+    """The suite words of the file name: `models-<dtype>`, then what differs from the defaults:
+    the size off the device's default (`-full`, `-small`, `-b1x32`), the models when not all of
+    them (`-gpt2-llama`), the task when one only (`-inference`, `-training`), `-threads<N>`, `-quick`."""
+    suite = f"models-{args.dtype or 'fp32'}"
     if size != models.default_size(args.device):
-        suffix += f"-{size}"
+        suite += f"-{size}"
+    chosen = list(dict.fromkeys(f.name for f in models.select(args.models)))
+    if len(chosen) < len(models.FAMILIES):
+        suite += "-" + "-".join(chosen)
+    tasks = parse_tasks(args.tasks)
+    if len(tasks) < len(TASKS):
+        suite += "-" + "-".join(tasks)
     if args.threads:
-        suffix += f"-threads{args.threads}"
-    return suffix + ("-quick" if args.quick else "")
+        suite += f"-threads{args.threads}"
+    return suite + ("-quick" if args.quick else "")
 
 
 def _size(args: argparse.Namespace) -> str:
@@ -120,7 +126,7 @@ def main(args: argparse.Namespace, plan: TimingPlan, rounds: int, copy_bytes: in
     result.extra = {"suite": "models", "dtype": dtype_name, "size": size, "tolerances": TOLERANCES[dtype_name],
                     "atol_scaled": True, "vision": models.resolve_vision(vision) if any(f.vision for f in families)
                     else None, **models.library_versions()}
-    stem = machine.file_stem(result.info, file_suffix(args, size))
+    stem = machine.file_stem(result.info, suite_name(args, size))
     paths = report.write(result, args.out_dir, stem, render=model_report.markdown)
     print("\n".join(model_report.results_table(result)))
     for path in paths:

@@ -12,15 +12,14 @@ The multi-kernel program should be within 3% of the better of the two at each le
     python -m benchmarks.multi_kernel [--target python|fx|cpp] [--lengths 64,1024,16384,131072]
                                       [--elements 16777216] [--rounds 5] [--out-dir DIR]
 
-Writes multi-kernel-<device>-<date>-<target>.json and .md under benchmarks/results/ (or DIR)
-and prints the table. Needs a CUDA device (Triton).
+Writes `multi-kernel-<target>-cuda-<date>-<machine>-<commit>.{json,md}` under benchmarks/results/
+(or DIR; the scheme of benchmarks/results/README.md) and prints the table. Needs a CUDA device (Triton).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import statistics
 from collections.abc import Callable, Sequence
@@ -29,6 +28,7 @@ from pathlib import Path
 import torch
 
 import wrapgen
+from benchmarks import machine
 from wrapgen.wrapper_ir import KernelCall, MultiKernelCall, Program
 from wrapgen.wrapper_ir.multi_kernel import bucket
 
@@ -124,7 +124,8 @@ def run(target: str, lengths: Sequence[int], elements: int, rounds: int) -> list
 
 def markdown(results: list[dict], header: dict) -> str:
     lines = [f"# Multi-kernel reductions ({header['device']}, target {header['target']})", "",
-             f"torch {header['torch']}, triton {header['triton']}, {header['date']}; {header['elements']} elements per "
+             f"torch {header['torch']}, triton {header['triton']}, {header['date']}, commit {header.get('commit')}; "
+             f"{header['elements']} elements per "
              f"input, median of {header['rounds']} rounds. Ratio: multi-kernel / better single variant (pass: <= 1.03).",
              "", "| workload | row length | rows | multi-kernel ms | looped ms | persistent ms | ratio | within 3% |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -148,14 +149,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     lengths = [int(v) for v in options.lengths.split(",") if v]
     results = run(options.target, lengths, options.elements, options.rounds)
-    date = datetime.date.today().isoformat()
+    info = machine.collect("cuda")
     header = {"device": torch.cuda.get_device_name(), "target": options.target, "torch": torch.__version__,
-              "triton": triton.__version__, "date": date, "elements": options.elements, "rounds": options.rounds}
+              "triton": triton.__version__, "date": info.date, "commit": info.wrapgen_commit,
+              "elements": options.elements, "rounds": options.rounds}
     out = Path(options.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"multi-kernel-cuda-{date}-{options.target}"
-    stem.with_suffix(".json").write_text(json.dumps({"header": header, "results": results}, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(markdown(results, header))
+    stem = out / machine.file_stem(info, f"multi-kernel-{options.target}")
+    Path(f"{stem}.json").write_text(json.dumps({"header": header, "results": results}, indent=2) + "\n")
+    Path(f"{stem}.md").write_text(markdown(results, header))
     print(markdown(results, header))
     print(f"wrote {stem}.json and {stem}.md")
     return 0 if all(r["within_3pct"] for r in results) else 1

@@ -418,7 +418,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
         "steps": args.steps, "check_steps": args.check_steps, "warmup": args.warmup,
         "optimizers": {c.name: c.describe() for c in args.cases}}, "command": command,
         "results": step_rounds.rows_json(rows)}
-    paths = step_rounds.write(args.out_dir, machine.file_stem(info, f"-optimizer-{set_name}" + (f"-threads{args.threads}" if args.threads else "")), text, payload)
+    suite = f"optimizer-{set_name}" + (f"-threads{args.threads}" if args.threads else "")
+    paths = step_rounds.write(args.out_dir, machine.file_stem(info, suite), text, payload)
     print(grid(rows))
     print()
     print("\n".join(step_rounds.failures(rows)))

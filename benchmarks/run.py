@@ -1,4 +1,5 @@
-"""Run the benchmarks: every workload x every contender, then write the result files.
+"""Run the benchmarks: every workload x every contender, then write the result files
+(`micro-<device>-<date>-<machine>-<commit>.{md,png,json}`; the models: `models-<dtype>...`).
 
 python -m benchmarks.run --device cpu|cuda [--workloads a,b] [--contenders eager,wrapgen]
                          [--repeats N] [--rounds N] [--quick] [--out-dir DIR]
@@ -110,8 +111,9 @@ def main(argv: Sequence[str] | None = None, extra_contenders: Sequence[Contender
         args.device, chosen, contenders, plan, profile, copy_bytes, not args.no_progress, warm=not args.quick,
         rounds=rounds,
     )
-    suffix = (f"-threads{args.threads}" if args.threads else "") + ("-quick" if args.quick else "")
-    stem = machine.file_stem(result.info, suffix)
+    suite = "micro" + "".join(f"-{w.name}" for w in chosen if args.workloads)  # a subset names its workloads
+    suite += (f"-threads{args.threads}" if args.threads else "") + ("-quick" if args.quick else "")
+    stem = machine.file_stem(result.info, suite)
     paths = report.write(result, args.out_dir, stem)
     print(report.markdown(result).split("## Workloads")[0])
     for path in paths:

@@ -33,6 +33,23 @@ from benchmarks import (  # noqa: E402
 from benchmarks.contenders import Contender  # noqa: E402
 from benchmarks.report import Report, Result  # noqa: E402
 
+# `<suite>-<device>-<YYYY-MM-DD>-<machine>-<commit>` (benchmarks/results/README.md)
+RESULT_NAME = r"(?P<suite>[a-z0-9.-]+)-(?P<device>cpu|cuda)-(?P<date>\d{4}-\d{2}-\d{2})-(?P<machine>[A-Za-z0-9.-]+?)-(?P<commit>[0-9a-f]{7,}(-dirty)?|nocommit)"
+
+
+def _named(path: Path, suite: str, device: str = "cpu") -> None:
+    """`path` is named by the results scheme, for `suite` on `device`, today, on this host."""
+    import datetime
+    import re
+    import socket
+
+    match = re.fullmatch(RESULT_NAME, path.stem)
+    assert match, path.name
+    assert match["suite"] == suite and match["device"] == device, path.name
+    assert match["date"] == datetime.date.today().isoformat(), path.name
+    assert device != "cpu" or match["machine"] == re.sub(r"[^A-Za-z0-9.]+", "-", socket.gethostname()).strip("-")
+    assert "session" not in path.name and not re.search(r"-s\d+(-|$)", path.stem), path.name
+
 BUILDS_THAT_RAISED: list[str] = []
 
 
@@ -81,7 +98,7 @@ def test_quick_run_writes_files_and_reports_failures(tmp_path: Path) -> None:
     assert sorted(p.suffix for p in paths) == [".json", ".md", ".png"]
     for path in paths:
         assert path.exists() and path.stat().st_size > 0
-        assert path.name.startswith("bench-cpu-") and f"torch{torch.__version__.split('+')[0]}" in path.name
+        _named(path, "micro-softmax-tiny-chain-50-quick")  # the workloads of a subset run are in the name
 
     raw = json.loads(next(p for p in paths if p.suffix == ".json").read_text())
     status = {(r["workload"], r["contender"]): r for r in raw["results"]}
@@ -211,7 +228,9 @@ def test_quick_model_run_checks_outputs_and_gradients(tmp_path: Path) -> None:
             f"--out-dir={tmp_path}", "--no-progress"]
     paths = run.main(argv, extra_contenders=[WRONG_TRAINER, BROKEN[1]])
     assert sorted(p.suffix for p in paths) == [".json", ".md", ".png"]
-    assert all(p.stem.endswith("-models-quick") and p.stat().st_size > 0 for p in paths)
+    assert all(p.stat().st_size > 0 for p in paths)
+    for path in paths:
+        _named(path, "models-fp32-gpt2-quick")
     raw = json.loads(next(p for p in paths if p.suffix == ".json").read_text())
     assert raw["settings"]["dtype"] == "fp32" and raw["settings"]["size"] == "small"
     status = {(r["workload"], r["contender"]): r for r in raw["results"]}
@@ -253,7 +272,11 @@ def test_model_options_are_checked() -> None:
     with pytest.raises(SystemExit):
         run.parse_args(["--models=gpt2", "--tasks=inference,sleeping"])
     args = run.parse_args(["--device=cpu", "--models=all", "--dtype=bf16", "--size=full", "--threads=1"])
-    assert model_suite.file_suffix(args, "full") == "-models-bf16-full-threads1"
+    assert model_suite.suite_name(args, "full") == "models-bf16-full-threads1"  # full is not the CPU's default
+    args = run.parse_args(["--device=cpu", "--models=gpt2,llama", "--tasks=inference", "--size=b1x32"])
+    assert model_suite.suite_name(args, "b1x32") == "models-fp32-b1x32-gpt2-llama-inference"
+    args = run.parse_args(["--device=cpu", "--models=gpt2,llama,bert,resnet50,vit_b16", "--dtype=bf16"])
+    assert model_suite.suite_name(args, "small") == "models-bf16"  # every model, both tasks, the default size
     names = [c.name for c in model_suite.model_contenders("cpu", None)]
     assert names[:2] == ["eager", "torch.compile"] and "wrapgen[python]" in names and "wrapgen[python+pooled]" not in names
     workloads_ = model_suite.model_workloads(models.select("gpt2,bert"), "small", "bf16")
@@ -309,9 +332,11 @@ def test_a_dirty_checkout_is_named_by_the_tree_that_ran(tmp_path: Path) -> None:
 # -- optimizer steps and greedy decode (benchmarks.optimizer, benchmarks.decode) -------------------
 
 
-def _results(paths: list[Path]) -> tuple[dict, str]:
+def _results(paths: list[Path], suite: str) -> tuple[dict, str]:
     assert sorted(p.suffix for p in paths) == [".json", ".md"]
-    assert all(p.name.startswith("bench-cpu-") and p.stat().st_size > 0 for p in paths)
+    assert all(p.stat().st_size > 0 for p in paths)
+    for path in paths:
+        _named(path, suite)
     raw = json.loads(next(p for p in paths if p.suffix == ".json").read_text())
     return raw, next(p for p in paths if p.suffix == ".md").read_text()
 
@@ -321,7 +346,7 @@ def test_optimizer_benchmark_checks_and_times_every_contender(tmp_path: Path) ->
 
     argv = ["--device=cpu", "--optimizers=adamw,sgd", "--contenders=eager[foreach],wrapgen[python]", "--rounds=1",
             "--steps=2", "--check-steps=2", "--warmup=0", f"--out-dir={tmp_path}"]
-    raw, markdown = _results(optimizer.main(argv))
+    raw, markdown = _results(optimizer.main(argv), "optimizer-small")
     assert raw["settings"]["parameter_set"] == "small" and raw["settings"]["tensors"] == 40
     assert 2e6 <= raw["settings"]["parameters"] <= 4e6
     rows = {(r["case"], r["contender"]): r for r in raw["results"]}
@@ -364,7 +389,7 @@ def test_decode_benchmark_checks_tokens_of_every_contender(tmp_path: Path) -> No
 
     argv = ["--device=cpu", "--contenders=eager,wrapgen[python]", "--rounds=1", "--tokens=2", "--prompt=4",
             f"--out-dir={tmp_path}"]
-    raw, markdown = _results(decode.main(argv))
+    raw, markdown = _results(decode.main(argv), "decode-small-fp32")
     assert raw["settings"]["size"] == "small" and raw["settings"]["dtype"] == "fp32"
     rows = {r["contender"]: r for r in raw["results"]}
     assert list(rows) == ["eager", "wrapgen[python]"]
@@ -393,3 +418,51 @@ def test_decode_static_cache_and_loop_match_the_full_forward() -> None:
         sequence = torch.cat([prompt, first, *out[:-1]], dim=1)
         full = model(sequence, use_cache=False).logits[0, -4:].argmax(-1)
     assert full.tolist() == [first.item(), *decode.tokens_of(out)]
+
+
+# -- result file names and the results folder ---------------------------------------------------
+
+
+def test_result_names_carry_date_machine_and_commit() -> None:
+    import dataclasses
+
+    from benchmarks import interleaved, machine
+
+    info = machine.MachineInfo(
+        date="2026-11-27", time="18:59:28", device="cuda", hostname="vm", cpu="Intel(R) Xeon(R) Processor", cores=16,
+        torch_threads=16, huge_pages="THP madvise; torch THP_MEM_ALLOC_ENABLE off", gpu="NVIDIA H100 80GB HBM3",
+        cuda="13.0", python="3.12.3", torch="2.11.0+cu130", triton="3.6.0", wrapgen="0.1.0",
+        wrapgen_commit="d44332e")
+    assert machine.file_stem(info, "models-bf16-inference") == "models-bf16-inference-cuda-2026-11-27-H100-d44332e"
+    dirty = dataclasses.replace(info, wrapgen_commit="d44332e+dirty, tree a7dfbc30eed0")
+    assert machine.file_stem(dirty, "micro") == "micro-cuda-2026-11-27-H100-d44332e-dirty"
+    assert machine.machine_tag(dataclasses.replace(info, gpu="NVIDIA GeForce RTX 4090")) == "RTX-4090"
+    assert machine.machine_tag(dataclasses.replace(info, gpu="NVIDIA A100-SXM4-80GB")) == "A100"
+    cpu = dataclasses.replace(info, device="cpu", gpu=None, hostname="build host.local", wrapgen_commit=None)
+    assert machine.file_stem(cpu, "decode-small-fp32") == "decode-small-fp32-cpu-2026-11-27-build-host.local-nocommit"
+    thp = dataclasses.replace(cpu, huge_pages="THP always; torch THP_MEM_ALLOC_ENABLE on")
+    assert machine.file_stem(thp, "micro").startswith("micro-torch-thp-cpu-")
+
+    args = interleaved.argparse.Namespace(device="cuda", dtype="bf16", models="gpt2", tasks="training")
+    assert interleaved.suite_name(args, "full") == "interleaved-bf16-gpt2-training"
+
+
+def test_results_folder_holds_current_pages_named_by_the_scheme() -> None:
+    """benchmarks/results: at most 40 files, each named `<suite>-<device>-<date>-<machine>-<commit>`,
+    no page worded after a working session, every page listed in the folder's README."""
+    import re
+
+    folder = ROOT / "benchmarks" / "results"
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    assert len(files) <= 40, [p.name for p in files]
+    index = (folder / "README.md").read_text()
+    for path in files:
+        if path.name == "README.md":
+            continue
+        assert re.fullmatch(RESULT_NAME, path.stem), path.name
+        if path.suffix in (".md", ".json"):
+            text = path.read_text()
+            assert not re.search(r"\bsessions?\b|-s\d\d\b", text, re.IGNORECASE), path.name
+        if path.suffix == ".md":
+            assert path.name in index, f"{path.name} is not in benchmarks/results/README.md"
+    assert not re.search(r"\bsessions?\b", index, re.IGNORECASE)
