@@ -15,8 +15,8 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 import wrapgen
 from wrapgen.kernels.triton.codegen import _flatten_dims
+from wrapgen.loop_ir import Load, row_vars, substitute
 from wrapgen.lowering.capture import capture, graph_module
-from wrapgen.lowering.loop_ir import Load, row_vars, substitute
 
 
 class Block(torch.nn.Module):

@@ -16,8 +16,8 @@ from torch import nn
 import wrapgen
 import wrapgen.lowering.graph_passes.conv_layout as conv_layout
 from wrapgen.kernels.triton import compat
+from wrapgen.loop_ir import Load, red_vars, row_vars
 from wrapgen.lowering.capture import capture
-from wrapgen.lowering.loop_ir import Load, red_vars, row_vars
 from wrapgen.lowering.loop_order import memory_order, reduction_order
 from wrapgen.wrapper_ir.lines import ExternKernel, KernelCall, KernelDefinition, Output
 from wrapgen.wrapper_ir.values import TensorRef

@@ -1,5 +1,6 @@
 """The layout in ARCHITECTURE.md, checked: layers import downward only, targets do not import
-each other, no import cycles, no module under wrapgen/ over 600 lines.
+each other, no import cycles between modules or between packages, no module under wrapgen/ over
+600 lines.
 
 Imports are read from the source (`ast`), lazy imports inside functions included: a lazy import
 is still a dependency, only a hidden one.
@@ -21,9 +22,11 @@ TARGETS = ("python", "cpp", "fx", "interpret")
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("wrapgen.config", "wrapgen.errors", "wrapgen.cache")),
     ("wrapper_ir", ("wrapgen.wrapper_ir",)),
-    # lowering and kernels are one layer: kernel codegen reads loop bodies and fusion groups,
-    # and kernel lowering hands fusion groups to kernel codegen.
-    ("lowering, kernels", ("wrapgen.lowering", "wrapgen.kernels")),
+    # loop bodies and fusion groups: what lowering makes and kernel codegen reads
+    ("loop_ir", ("wrapgen.loop_ir",)),
+    ("kernels", ("wrapgen.kernels",)),
+    # lowering hands fusion groups to kernel codegen; kernels import nothing of lowering
+    ("lowering", ("wrapgen.lowering",)),
     ("backends", ("wrapgen.backends",)),
 )
 API_LAYER = "api"  # everything else: wrapgen/__init__, api, aot, compiled, debug, dynamo, ...
@@ -105,8 +108,41 @@ def cross_target_imports() -> list[str]:
 
 
 def import_cycles() -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan), each sorted."""
-    graph = {name: sorted(imports_of(name) & modules().keys()) for name in modules()}
+    """Strongly connected components of more than one module, each sorted."""
+    return strongly_connected({name: sorted(imports_of(name) & modules().keys()) for name in modules()})
+
+
+def package_cycles() -> list[list[str]]:
+    """Import cycles between packages, lazy imports included: within each package, its
+    sub-packages (each taken whole, with everything below it) and its own modules are the nodes,
+    and a component of more than one node that holds a sub-package is a cycle. Two packages can
+    import each other with no module in a cycle (a module of each imports a third of the other)."""
+    packages = sorted(name for name, path in modules().items() if path.name == "__init__.py")
+    cycles = []
+    for package in packages:
+        def node(name: str, package: str = package) -> str | None:
+            if not name.startswith(package + "."):
+                return None
+            return f"{package}.{name[len(package) + 1:].split('.')[0]}"
+
+        graph: dict[str, set[str]] = {}
+        for name in modules():
+            source = node(name)
+            if source is None:
+                continue
+            graph.setdefault(source, set())
+            for dep in imports_of(name) & modules().keys():
+                target = node(dep)
+                if target is not None and target != source:
+                    graph[source].add(target)
+        for component in strongly_connected({k: sorted(v) for k, v in graph.items()}):
+            if any(name in packages for name in component):
+                cycles.append(component)
+    return cycles
+
+
+def strongly_connected(graph: dict[str, list[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan), each sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -161,6 +197,10 @@ def test_no_import_cycles():
     assert import_cycles() == []
 
 
+def test_no_package_import_cycles():
+    assert package_cycles() == []
+
+
 def test_no_module_over_600_lines():
     assert long_modules() == []
 
@@ -200,8 +240,26 @@ def test_checks_find_what_they_look_for(fake_modules):
         "backends/cpp/emitter.py": "from wrapgen.backends.python.runtime import f\n",
         "backends/python/__init__.py": "",
         "backends/python/runtime.py": "",
+        # packages that import each other, no module in a cycle: kernels -> loop_ir -> kernels,
+        # and lowering's passes -> loops -> passes (lazily)
+        "kernels/__init__.py": "",
+        "kernels/codegen.py": "from wrapgen.loop_ir.groups import G\n",
+        "kernels/ops.py": "",
+        "loop_ir/__init__.py": "",
+        "loop_ir/groups.py": "",
+        "loop_ir/render.py": "from wrapgen.kernels.ops import add\n",
+        "lowering/passes/__init__.py": "",
+        "lowering/passes/fold.py": "from wrapgen.lowering.loops.body import B\n",
+        "lowering/passes/order.py": "",
+        "lowering/loops/__init__.py": "",
+        "lowering/loops/body.py": "",
+        "lowering/loops/group.py": "def f():\n    from wrapgen.lowering.passes import order\n",
     })
-    assert upward_imports() == ["wrapgen.wrapper_ir.lines (wrapper_ir) imports wrapgen.lowering.graph (lowering, kernels)"]
+    assert upward_imports() == [
+        "wrapgen.loop_ir.render (loop_ir) imports wrapgen.kernels.ops (kernels)",
+        "wrapgen.wrapper_ir.lines (wrapper_ir) imports wrapgen.lowering.graph (lowering)",
+    ]
     assert cross_target_imports() == ["wrapgen.backends.cpp.emitter imports wrapgen.backends.python.runtime"]
     assert import_cycles() == [["wrapgen.lowering.graph", "wrapgen.lowering.kernel"]]
+    assert package_cycles() == [["wrapgen.kernels", "wrapgen.loop_ir"], ["wrapgen.lowering.loops", "wrapgen.lowering.passes"]]
     assert long_modules() == ["wrapgen/lowering/kernel.py: 602 lines"]

@@ -6,7 +6,7 @@ import sympy
 import torch
 
 import wrapgen
-from wrapgen.lowering.loop_ir import Apply, ComputeNode, Load, red_vars, row_vars
+from wrapgen.loop_ir import Apply, ComputeNode, Load, red_vars, row_vars
 from wrapgen.lowering.scheduler import can_fuse, schedule, score_fusion, start_group
 from wrapgen.wrapper_ir.lines import KernelCall, KernelDefinition
 
@@ -140,7 +140,7 @@ def test_a_checked_or_gathered_read_of_a_member_keeps_the_kernels_apart() -> Non
     """A load with an indirect part reads its buffer in memory (a scatter's index copied with
     a range check): its producer must be stored first, so the two do not fuse, even where the
     indices name one element (they did once size-1 dimensions stopped hiding that)."""
-    from wrapgen.lowering.loop_ir import Indirect
+    from wrapgen.loop_ir import Indirect
 
     one, sixteen = sympy.Integer(1), sympy.Integer(16)
     index = ComputeNode("i", torch.int64, (sixteen, one), Load("in", x0, torch.int64), x0 + x1)

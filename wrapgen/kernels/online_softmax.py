@@ -13,8 +13,7 @@ from __future__ import annotations
 import torch
 
 from wrapgen.kernels.segments import Item
-from wrapgen.lowering.loop_ir import Apply, Body, Load, compute_dtype, free_cast, loads
-from wrapgen.lowering.scheduler import Member
+from wrapgen.loop_ir import Apply, Body, Load, Member, compute_dtype, free_cast, loads
 
 
 def merge_online_softmax(items: list[Item], stored: set[str]) -> tuple[list[Item], dict[str, str], set[str]]:

@@ -7,8 +7,7 @@ member needs a reduction result of the open segment, which starts the next pass.
 
 from __future__ import annotations
 
-from wrapgen.lowering.loop_ir import loads
-from wrapgen.lowering.scheduler import FusionGroup, Member
+from wrapgen.loop_ir import FusionGroup, Member, loads
 
 Item = tuple[str, list[Member]]  # ("row", [member]) | ("segment", [members...])
 

@@ -23,7 +23,7 @@ import sympy
 import torch
 
 from wrapgen import config
-from wrapgen.lowering.loop_ir import Load, loads, row_vars, walk
+from wrapgen.loop_ir import Load, loads, row_vars, walk
 from wrapgen.lowering.scheduler import FusionGroup, schedule
 from wrapgen.wrapper_ir.lines import Allocate, Comment, ExternKernel, KernelCall, KernelDefinition, WrapperLine
 from wrapgen.wrapper_ir.values import TensorRef, TensorType

@@ -19,9 +19,7 @@ import torch
 import torch.fx
 
 from wrapgen.kernels.triton.runtime import prefetch
-from wrapgen.lowering.gemm_templates import apply_gemm_templates
-from wrapgen.lowering.graph_lowering import Buffer, GraphLowering
-from wrapgen.lowering.loop_ir import (
+from wrapgen.loop_ir import (
     HALF_DTYPES,
     Apply,
     ComputeNode,
@@ -36,6 +34,8 @@ from wrapgen.lowering.loop_ir import (
     size,
     walk,
 )
+from wrapgen.lowering.gemm_templates import apply_gemm_templates
+from wrapgen.lowering.graph_lowering import Buffer, GraphLowering
 from wrapgen.lowering.loop_ops import LOWERINGS, VIEW_OPS, op_key, supported
 from wrapgen.lowering.loop_ops.index_put import CPP_ONLY
 from wrapgen.lowering.loop_ops.recompute import numel

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sympy
 
-from wrapgen.lowering.loop_ir import Body, row_vars, substitute
+from wrapgen.loop_ir import Body, row_vars, substitute
 
 
 def memory_order(sizes: tuple, strides: tuple, hints: dict) -> tuple[int, ...] | None:
@@ -51,7 +51,7 @@ def reduction_order(body: Body, sizes: tuple, kept: list[int], hints: dict) -> t
     in: by decreasing stride of the first load of `body` (over `sizes`) that every kept
     dimension moves (a max pool over an NHWC map walks channels innermost), else as they are.
     The strides are probed by unit steps, so clamped (padded-window) indices count too."""
-    from wrapgen.lowering.loop_ir import loads
+    from wrapgen.loop_ir import loads
 
     identity = tuple(range(len(kept)))
     xs = row_vars(len(sizes))

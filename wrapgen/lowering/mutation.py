@@ -23,8 +23,8 @@ import sympy
 import torch
 import torch.fx
 
+from wrapgen.loop_ir import ComputeNode, Load, LoopValue, compute_dtype, loads, row_vars
 from wrapgen.lowering.graph_lowering import Buffer
-from wrapgen.lowering.loop_ir import ComputeNode, Load, LoopValue, compute_dtype, loads, row_vars
 from wrapgen.lowering.scheduler import FusionGroup, Member, unit_vars
 from wrapgen.wrapper_ir.lines import WrapperLine
 

@@ -10,34 +10,13 @@ exactly one group, and consumers read its value.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import sympy
 
-from wrapgen.lowering.loop_ir import ComputeNode, Load, loads, red_vars, row_vars, substitute
+from wrapgen.loop_ir import ComputeNode, FusionGroup, Load, Member, loads, red_vars, row_vars, substitute
 
 Shape = tuple[sympy.Expr, ...]
-
-
-@dataclass(frozen=True)
-class Member:
-    node: ComputeNode  # body and store index in the group's variables
-    level: str  # "row" | "inner" | "reduction"
-
-
-@dataclass
-class FusionGroup:
-    rows: Shape
-    reduced: Shape = ()
-    source_sizes: Shape = ()
-    source_index: tuple[sympy.Expr, ...] = ()
-    members: list[Member] = field(default_factory=list)
-
-    def names(self) -> set[str]:
-        return {m.node.name for m in self.members}
-
-    def member(self, name: str) -> Member | None:
-        return next((m for m in self.members if m.node.name == name), None)
 
 
 def _squeezed(shape: Shape) -> list[sympy.Expr]:

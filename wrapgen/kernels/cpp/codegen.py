@@ -26,12 +26,14 @@ from wrapgen.kernels.cpp.printer import cpp_index
 from wrapgen.kernels.cpp.row_cache import plan_row_cache
 from wrapgen.kernels.cpp.row_offsets import hoist_row_offsets
 from wrapgen.kernels.segments import in_place_pairs, read_in_later_segment, segments
-from wrapgen.lowering.loop_ir import (
+from wrapgen.loop_ir import (
     Apply,
     Body,
     Const,
+    FusionGroup,
     IndexValue,
     Load,
+    Member,
     compute_dtype,
     free_cast,
     is_loop_var,
@@ -40,7 +42,6 @@ from wrapgen.lowering.loop_ir import (
     row_vars,
     walk,
 )
-from wrapgen.lowering.scheduler import FusionGroup, Member
 
 PARALLEL_THRESHOLD = 32768
 

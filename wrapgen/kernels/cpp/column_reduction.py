@@ -15,8 +15,7 @@ from __future__ import annotations
 import sympy
 
 from wrapgen.kernels.cpp.codegen import CppKernelCodegen, GeneratedKernel, _Writer, ctype, generate_cpp
-from wrapgen.lowering.loop_ir import Load, loads, red_vars, row_vars
-from wrapgen.lowering.scheduler import FusionGroup
+from wrapgen.loop_ir import FusionGroup, Load, loads, red_vars, row_vars
 
 BLOCK = 16  # output elements per block: one or two vector registers of float
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from wrapgen.lowering.loop_ir import Apply, Body, IndexValue, Load, compute_dtype, is_loop_var, walk
+from wrapgen.loop_ir import Apply, Body, IndexValue, Load, compute_dtype, is_loop_var, walk
 
 ROW_CACHE_BYTES = 64 * 1024  # per thread, on the stack; fits L2 comfortably
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import sympy
 
-from wrapgen.lowering.loop_ir import loads
-from wrapgen.lowering.scheduler import Member
+from wrapgen.loop_ir import Member, loads
 
 
 def hoist_row_offsets(codegen, members: list[Member], reduced_vars: tuple, w) -> dict:

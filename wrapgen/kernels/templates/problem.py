@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from wrapgen.lowering.scheduler import FusionGroup
+from wrapgen.loop_ir import FusionGroup
 
 
 @dataclass(frozen=True)

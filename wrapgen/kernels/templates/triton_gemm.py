@@ -22,7 +22,7 @@ from wrapgen.kernels.cpp.codegen import GeneratedKernel
 from wrapgen.kernels.templates.problem import GemmProblem, Operand
 from wrapgen.kernels.triton.codegen import INT32_LIMIT, TritonKernelCodegen
 from wrapgen.kernels.triton.ops import SourceWriter
-from wrapgen.lowering.scheduler import FusionGroup
+from wrapgen.loop_ir import FusionGroup
 
 
 @dataclass(frozen=True)

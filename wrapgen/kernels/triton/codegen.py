@@ -33,20 +33,21 @@ from wrapgen.kernels.triton.launch_config import LaunchConfig, choose_config
 from wrapgen.kernels.triton.ops import ARG_REDUCTIONS, OpRenderer, SourceWriter, compute_tl, literal
 from wrapgen.kernels.triton.printer import triton_index
 from wrapgen.kernels.triton.reductions import ReductionRenderer
-from wrapgen.lowering.loop_ir import (
+from wrapgen.loop_ir import (
     HALF_DTYPES,
     Apply,
     Body,
     Const,
+    FusionGroup,
     IndexValue,
     Load,
+    Member,
     free_cast,
     is_loop_var,
     loads,
     red_vars,
     row_vars,
 )
-from wrapgen.lowering.scheduler import FusionGroup, Member
 
 INT32_LIMIT = 2**31 - 1
 

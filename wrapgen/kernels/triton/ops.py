@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from wrapgen.lowering.loop_ir import HALF_DTYPES, compute_dtype
+from wrapgen.loop_ir import HALF_DTYPES, compute_dtype
 
 
 @dataclass

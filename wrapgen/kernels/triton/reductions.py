@@ -12,8 +12,7 @@ import math
 import torch
 
 from wrapgen.kernels.triton.ops import ARG_REDUCTIONS, SourceWriter, compute_tl, literal
-from wrapgen.lowering.loop_ir import compute_dtype
-from wrapgen.lowering.scheduler import Member
+from wrapgen.loop_ir import Member, compute_dtype
 
 
 class ReductionRenderer:

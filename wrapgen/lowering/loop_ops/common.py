@@ -10,7 +10,7 @@ import sympy
 import torch
 import torch.fx
 
-from wrapgen.lowering.loop_ir import HALF_DTYPES, Apply, Body, Const, IndexValue, LoopValue, compute_dtype, row_vars
+from wrapgen.loop_ir import HALF_DTYPES, Apply, Body, Const, IndexValue, LoopValue, compute_dtype, row_vars
 from wrapgen.lowering.loop_ops.recompute import compute_once_before_broadcast
 
 # Half precision loads, stores and casts; its arithmetic is float32 (loop_ir.compute_dtype).

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sympy
 
-from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, Indirect, Load, LoopValue, size, walk
+from wrapgen.loop_ir import Apply, Body, Const, IndexValue, Indirect, Load, LoopValue, size, walk
 
 # A larger expression is evaluated once per element into a buffer and gathered from there.
 GATHER_INLINE_LIMIT = 24

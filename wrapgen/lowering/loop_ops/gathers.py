@@ -9,7 +9,7 @@ import sympy
 import torch
 import torch.fx
 
-from wrapgen.lowering.loop_ir import Body, Indirect, Load, LoopValue, row_vars
+from wrapgen.loop_ir import Body, Indirect, Load, LoopValue, row_vars
 from wrapgen.lowering.loop_ops.common import SUPPORTED_DTYPES, LoopContext, arg, fake, is_unbacked, out_fake, register
 from wrapgen.lowering.loop_ops.computed_gathers import gather_computed
 

@@ -19,7 +19,7 @@ import sympy
 import torch
 import torch.fx
 
-from wrapgen.lowering.loop_ir import Load, LoopValue, is_loop_var, row_vars
+from wrapgen.loop_ir import Load, LoopValue, is_loop_var, row_vars
 from wrapgen.lowering.loop_ops.common import LoopContext, arg, fake, out_fake, register
 from wrapgen.wrapper_ir.lines import KernelCall, KernelDefinition
 from wrapgen.wrapper_ir.values import TensorRef

@@ -7,7 +7,7 @@ import torch
 import torch.fx
 
 from wrapgen import config
-from wrapgen.lowering.loop_ir import Apply, LoopValue, row_vars
+from wrapgen.loop_ir import Apply, LoopValue, row_vars
 from wrapgen.lowering.loop_ops.common import LoopContext, arg, cast, fake, op_key, operand, out_fake, register
 
 # A matrix product this small (at most config.matmul_kernel_limit multiply-adds, the reduced

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, LoopValue, compute_dtype, row_vars
+from wrapgen.loop_ir import Apply, Body, Const, IndexValue, LoopValue, compute_dtype, row_vars
 from wrapgen.lowering.loop_ops.common import (
     LoopContext,
     Lowering,

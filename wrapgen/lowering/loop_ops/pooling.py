@@ -11,7 +11,7 @@ import sympy
 import torch
 import torch.fx
 
-from wrapgen.lowering.loop_ir import Apply, Body, Const, IndexValue, LoopValue, compute_dtype, row_vars
+from wrapgen.loop_ir import Apply, Body, Const, IndexValue, LoopValue, compute_dtype, row_vars
 from wrapgen.lowering.loop_ops.common import LoopContext, arg, cast, fake, out_fake, register, zero
 
 

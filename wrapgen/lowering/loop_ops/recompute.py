@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sympy
 
-from wrapgen.lowering.loop_ir import Apply, LoopValue, walk
+from wrapgen.loop_ir import Apply, LoopValue, walk
 
 # ops that cost much more than a load (libm calls, or several of them)
 EXPENSIVE_OPS = frozenset({

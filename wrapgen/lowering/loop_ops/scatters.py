@@ -14,7 +14,7 @@ import sympy
 import torch
 import torch.fx
 
-from wrapgen.lowering.loop_ir import Apply, Body, IndexValue, Indirect, Load, LoopValue, compute_dtype, row_vars
+from wrapgen.loop_ir import Apply, Body, IndexValue, Indirect, Load, LoopValue, compute_dtype, row_vars
 from wrapgen.lowering.loop_ops.common import (
     SUPPORTED_DTYPES,
     LoopContext,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from wrapgen.lowering.loop_ir import Apply, Const, LoopValue, compute_dtype
+from wrapgen.loop_ir import Apply, Const, LoopValue, compute_dtype
 from wrapgen.lowering.loop_ops.common import LoopContext, all_args_ok, arg, convert_scalar, operand, out_fake, register
 
 

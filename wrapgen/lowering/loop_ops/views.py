@@ -10,7 +10,7 @@ import torch
 import torch.fx
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-from wrapgen.lowering.loop_ir import LoopValue, row_vars
+from wrapgen.loop_ir import LoopValue, row_vars
 from wrapgen.lowering.loop_ops.common import LoopContext, arg, broadcast, fake, out_fake, register
 
 

@@ -11,11 +11,15 @@ computed in float32 (`compute_dtype`) from its loads (which upcast) to its store
 rounds). In a body, half-typed nodes are therefore only loads, constants and explicit
 `cast`s to a half dtype (which round, like eager's `.to(torch.bfloat16)`); the arithmetic
 between them is float32, so a fused chain rounds once where eager rounds after every op.
+
+Fusion groups (`FusionGroup`, `Member`: the compute nodes that share one kernel's loops) are
+here too: the lowering builds bodies and its scheduler groups them, kernel codegen renders the
+groups; this module sits below both, so `kernels` imports nothing of `lowering`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache, lru_cache
 
 import sympy
@@ -254,3 +258,34 @@ class ComputeNode:
     def buffer(self) -> str:
         """The buffer the node's result is stored in."""
         return self.target or self.name
+
+
+# -- fusion groups: what the scheduler makes of compute nodes and kernel codegen reads ----------
+
+
+@dataclass(frozen=True)
+class Member:
+    """A compute node in a fusion group: its body and store index in the group's variables,
+    and the level it runs at: "row" (once per row), "inner" (once per element of a row, inside
+    a reduction loop) or "reduction"."""
+
+    node: ComputeNode
+    level: str  # "row" | "inner" | "reduction"
+
+
+@dataclass
+class FusionGroup:
+    """Compute nodes that share loops (one kernel): over `rows` (variables x*) and, when it
+    holds a reduction, `reduced` (variables r*)."""
+
+    rows: Shape
+    reduced: Shape = ()
+    source_sizes: Shape = ()
+    source_index: tuple[sympy.Expr, ...] = ()
+    members: list[Member] = field(default_factory=list)
+
+    def names(self) -> set[str]:
+        return {m.node.name for m in self.members}
+
+    def member(self, name: str) -> Member | None:
+        return next((m for m in self.members if m.node.name == name), None)
