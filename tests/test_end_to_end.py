@@ -669,6 +669,29 @@ def test_bad_input_names_function_parameter():
     assert re.search(r"\bb\b|args_1", str(info.value)), str(info.value)
 
 
+def test_many_inputs_are_checked_at_once_and_still_named_when_wrong():
+    """Twelve inputs: the python target checks them in one C++ call (runtime.input_guard); an
+    input it refuses goes through the one-by-one checks, which name it."""
+    def total(*xs):
+        return sum(x * (i + 1) for i, x in enumerate(xs))
+
+    inputs = [torch.randn(3, 4) for _ in range(12)]
+    compiled = wrapgen.compile(total, tuple(inputs))
+    for _ in range(2):
+        fresh = [torch.randn(3, 4) for _ in range(12)]
+        torch.testing.assert_close(compiled(*fresh), total(*fresh))
+    assert "input_guard" in compiled.source
+    for bad, pattern in [(torch.randn(3, 5), r"\(3, 5\)"), (torch.randn(4, 3).t(), "stride"),
+                         (torch.randn(3, 4, dtype=torch.float64), "float64")]:
+        with pytest.raises(InputMismatchError, match=pattern) as info:
+            compiled(*fresh[:7], bad, *fresh[8:])
+        assert re.search(r"args_7|\b7\b", str(info.value)), str(info.value)
+    grads = [x.clone().requires_grad_() for x in fresh]  # the guard refuses, the checks accept
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*grads), total(*fresh))
+    torch.testing.assert_close(compiled(*fresh), total(*fresh))
+
+
 def test_wrong_number_or_structure_of_arguments(static_program):
     with pytest.raises((TypeError, ValueError)):
         static_program(torch.randn(4, 6))

@@ -20,6 +20,7 @@ def test_the_passes_in_order():
         ("addmm_bias", ("kernels", "bias_in_kernels")),
         ("reinplace", ("kernels",)),
         ("inplace_ops", ("kernels",)),
+        ("state_write_order", ("kernels",)),
         ("attention_masks", ("kernels",)),
     ]
     assert [(p.name, p.options) for p in TRACED_PASSES] == [("traced_masks", ("constant_masks",))]
@@ -80,7 +81,7 @@ def test_options_are_read_when_the_graph_is_compiled(tmp_path):
     with wrapgen.config.patch(debug_dir=str(tmp_path), constant_masks=False), torch.no_grad():
         wrapgen.lower(model, (x,))
     (files,) = _dumps(tmp_path).values()
-    assert list(files) == ["00-input.txt", "02-broadcast_bmm.txt", "08-attention_masks.txt"]  # the mask stays
+    assert list(files) == ["00-input.txt", "02-broadcast_bmm.txt", "09-attention_masks.txt"]  # the mask stays
 
 
 def test_no_dump_without_debug_dir_or_without_a_change(tmp_path):

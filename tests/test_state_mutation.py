@@ -167,6 +167,31 @@ def test_adamw_step_is_one_kernel_per_parameter():
     assert sorted(len(w) for w in in_place) == sorted([len(params)] + [3] * len(params)), text
 
 
+@pytest.mark.skipif("triton" not in KERNELS, reason="needs the Triton interpreter")
+def test_adamw_step_on_triton_writes_each_parameter_with_its_moments(monkeypatch):
+    """As lowered for a GPU (pow, which the interpreter lacks, as a loop op; not run): the bias
+    corrections stay scalars inside the update kernels (recompute.py), and the step counters'
+    write-backs go after the moments' (graph_passes/state_write_order.py), so the kernel that
+    writes a parameter writes its two moments too: each is read and written once."""
+    import wrapgen.kernels.triton.ops as ops
+
+    monkeypatch.setattr(ops, "INTERPRETER_UNSUPPORTED", frozenset())
+    params = _params()
+    opt = torch.optim.AdamW(params, lr=0.01, foreach=True)
+    with wrapgen.config.patch(cpu_kernels="triton"):
+        program = _lowered_aten_graph(opt.step, (), calls=2, name="step")
+    text = str(program)
+    assert "extern" not in text, text
+    types = {i.name: i.type for i in program.inputs}
+    writes = [call.writes for call in program.lines if isinstance(call, KernelCall) and set(call.writes) <= set(types)]
+    written = [name for w in writes for name in w]
+    assert len(written) == len(set(written)) == 4 * len(params), text  # p, exp_avg, exp_avg_sq, step: once each
+    for w in writes:
+        tensors = [n for n in w if len(types[n].sizes) > 0]
+        assert len(tensors) % 3 == 0 and (not tensors or len(tensors) == len(w)), text
+    assert len(writes) <= len(params) + 1, text  # same-shaped parameters may share a kernel
+
+
 def test_inplace_ops_in_an_aten_graph(kernels):
     """An ATen graph with in-place ops (not functionalized) lowers them to loops + in-place stores."""
     graph = torch.fx.Graph()

@@ -15,6 +15,7 @@ from wrapgen.backends.devices import DeviceOverrides, device_overrides, kernel_d
 from wrapgen.backends.emitter import CompiledArtifact, Emitter
 from wrapgen.backends.python.cuda_graphs import PythonGraphRegions
 from wrapgen.backends.python.multi_kernel import PythonMultiKernelMixin
+from wrapgen.backends.python.runtime import BATCHED_INPUT_CHECKS
 from wrapgen.backends.sanitize import ProgramSanitizer
 from wrapgen.cache import load_python_module, write_cached
 from wrapgen.errors import UnsupportedLineError
@@ -134,6 +135,7 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
         self.kernels: list[KernelDefinition] = []
         self.kernel_signatures: dict[str, str] = {}
         self.call_prologues: set[str] = set()
+        self.header_lines: list[str] = []  # module-level state the body's lines need
         self.pool_views: dict[tuple[str, torch.dtype], str] = {}
         self.bound_constants = set(program.constant_values())
         self.constant_views: dict[str, str] = {}  # name -> the view expression, made at load
@@ -163,6 +165,17 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
         self.sanitizer = ProgramSanitizer(program) if config.sanitize else None
         if self.sanitizer is not None:
             self.writeline("_san = _sanitizer.start(locals())")
+        self.batched_checks = self._batched_checks(program)
+        self.batched_ids = {id(line) for line in self.batched_checks}
+
+    def _batched_checks(self, program: Program) -> list[AssertInput]:
+        """The input checks made in one C++ call (`runtime.input_guard`): all of them, when there
+        are many, every size and stride is a number, and no sanitizer watches each line."""
+        checks = [line for line in program.lines if isinstance(line, AssertInput)]
+        static = all(v is None or isinstance(v, (int, sympy.Integer)) for c in checks for v in (*c.sizes, *c.strides))
+        if len(checks) < BATCHED_INPUT_CHECKS or not static or self.sanitizer is not None:
+            return []
+        return checks
 
     def dispatch(self, line: WrapperLine) -> None:
         before, after = self.sanitizer.hooks(self.line_number) if self.sanitizer is not None else (False, False)
@@ -180,7 +193,7 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
             "from wrapgen.backends.python.runtime import (",
             "    INF, NAN, advise_huge_pages, assert_finite, benchmark, check_arg_count, current_cuda_device,",
             "    empty_strided_cpu, empty_strided_cuda, example_tensor,",
-            "    input_mismatch, op_callable, reinterpret_tensor, scalar_mismatch, symbol_out_of_range,",
+            "    input_guard, input_mismatch, op_callable, reinterpret_tensor, scalar_mismatch, symbol_out_of_range,",
             ")",
             "",
             "from wrapgen.backends.runtime import with_strides as _with_strides",
@@ -193,6 +206,7 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
         header += [f"{var} = op_callable({op!r})" for op, var in self.ops.items()]
         header += self.kernel_header()
         header += self.choice_header()
+        header += self.header_lines
         header.append("")
         if self.sanitizer is not None:
             header.append("_sanitizer = None  # the program's ProgramSanitizer (config.sanitize), bound by the loader")
@@ -286,6 +300,24 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
                 self.writeline(f"symbol_out_of_range({str(line.symbol)!r}, {line.symbol}, {line.min}, {line.max})")
 
     def emit_assert_input(self, line: AssertInput) -> None:
+        if id(line) in self.batched_ids:
+            if line is self.batched_checks[0]:
+                self._emit_batched_checks(self.batched_checks)
+            return
+        self._emit_input_check(line)
+
+    def _emit_batched_checks(self, checks: list[AssertInput]) -> None:
+        names = ", ".join(c.name for c in checks)
+        self.header_lines.append("_input_guard = [None]  # runtime.input_guard, made at the first call")
+        self.writeline(f"if _input_guard[0] is None or not _input_guard[0].check({names}):")
+        with self.indent():
+            for check in checks:
+                self._emit_input_check(check)
+            sizes = "(" + "".join(f"{py_tuple(tuple(c.sizes))}, " for c in checks) + ")"
+            strides = "(" + "".join(f"{py_tuple(tuple(c.strides))}, " for c in checks) + ")"
+            self.writeline(f"_input_guard[0] = input_guard(({names},), {sizes}, {strides})")
+
+    def _emit_input_check(self, line: AssertInput) -> None:
         name = line.name
         device = "None" if line.device is None else self.device_handle(line.device)
         sizes = py_tuple(line.sizes)

@@ -149,11 +149,13 @@ class GraphRegion:
                 return self.fn(*inputs, *key)
         else:
             self.graphs.move_to_end(full)
-        for index, static, flat in graph.copies:
-            source = inputs[index]
-            if flat:
-                source = source.as_strided((static.numel(),), (1,), source.storage_offset())
-            static.copy_(source)
+        if graph.copies:
+            sources = [inputs[index] if not flat else
+                       inputs[index].as_strided((static.numel(),), (1,), inputs[index].storage_offset())
+                       for index, static, flat in graph.copies]
+            # one multi-tensor copy: a compiled optimizer step copies in 148 gradients, which
+            # one by one cost 4 us of host time and a 3.6 us copy node each
+            torch._foreach_copy_([static for _, static, _ in graph.copies], sources)
         graph.graph.replay()
         self.replays += 1
         self.pool.last = graph.generation

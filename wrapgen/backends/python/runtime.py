@@ -123,3 +123,19 @@ def benchmark(call: Callable[[list], object], args: list, synchronize: Callable[
 
 INF = math.inf
 NAN = math.nan
+
+
+BATCHED_INPUT_CHECKS = 8  # inputs from which a program checks them all in one C++ call
+
+
+def input_guard(tensors: tuple, sizes: tuple, strides: tuple) -> object:
+    """One check of many inputs in C++ (dynamo's `TensorGuards`): dtype, device, sizes and
+    strides equal to those of `tensors`, which the program's own checks have just accepted.
+    A compiled optimizer step takes 740 tensors: checked one by one in Python (about 1.5 us
+    each) they were a third of its host time; this takes 0.1 us each. It also compares
+    requires_grad and dispatch keys, so it may refuse inputs the program accepts: those go
+    through the one-by-one checks again, and a guard is made from them."""
+    from torch._C._dynamo.guards import TensorGuards
+
+    return TensorGuards(*tensors, dynamic_dims_sizes=[list(s) for s in sizes],
+                        dynamic_dims_strides=[list(s) for s in strides])

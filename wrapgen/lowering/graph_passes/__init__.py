@@ -24,6 +24,7 @@ from wrapgen.lowering.graph_passes.conv_layout import channels_last_convolutions
 from wrapgen.lowering.graph_passes.inplace_ops import split_inplace_ops
 from wrapgen.lowering.graph_passes.pipeline import GraphPass, run_passes
 from wrapgen.lowering.graph_passes.reinplace import scatter_in_place
+from wrapgen.lowering.graph_passes.state_write_order import order_state_writes
 from wrapgen.lowering.graph_passes.traced_masks import drop_traced_masks
 from wrapgen.lowering.kernel_lowering import kernel_device, kernel_language
 
@@ -65,6 +66,8 @@ ATEN_PASSES: tuple[GraphPass, ...] = (
     GraphPass("reinplace", ("kernels",), _scatter_in_place),
     # on a device with a kernel language: _foreach_ and in-place ops as loops + copy_
     GraphPass("inplace_ops", ("kernels",), _split_inplace_ops),
+    # write-backs of state other updates read by broadcast (step counters) after those updates
+    GraphPass("state_write_order", ("kernels",), order_state_writes),
     # boolean SDPA masks as float masks, made once by a generated kernel
     GraphPass("attention_masks", ("kernels",), float_attention_masks),
 )

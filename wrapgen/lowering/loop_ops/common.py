@@ -29,6 +29,7 @@ class LoopContext(Protocol):
     def load(self, buffer: object) -> LoopValue: ...
     def fresh(self, prefix: str = "buf") -> str: ...
     lines: list  # the program's lines so far (a lowering that is a kernel of its own appends to them)
+    language: str | None  # the kernel language: "triton" computes a one-element value once per block
 
 
 Lowering = Callable[[LoopContext, torch.fx.Node], object]
@@ -141,7 +142,7 @@ def operand(ctx: LoopContext, x: object, sizes: tuple, dtype: torch.dtype) -> Bo
     precision in a half op, as in Inductor and eager's mul and div (eager's add rounds it)."""
     if isinstance(x, torch.fx.Node):
         value = ctx.value(x)
-        if compute_once_before_broadcast(value, sizes):  # see recompute.py
+        if compute_once_before_broadcast(value, sizes, ctx.language):  # see recompute.py
             value = ctx.computed_once(x)
         return cast(broadcast(value, sizes), dtype)
     if isinstance(x, sympy.Basic):

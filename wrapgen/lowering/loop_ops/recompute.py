@@ -7,6 +7,11 @@ consumer element instead of once per value element: a Llama-style model's rotary
 kernels ran batch * heads times as many cos/sin calls (and, with both of one argument,
 gcc merged them into a scalar sincos call, so the whole kernel stopped vectorizing).
 Such a value is computed once into a buffer and the consumer loads it.
+
+Except a one-element value in a Triton kernel: it is a scalar there, computed once per block
+of a thousand elements. A compiled AdamW step's bias corrections (`pow(beta, step)`, `sqrt`,
+per parameter) stay inline: written to buffers first they were one more kernel and two
+allocations per parameter per step (296 for GPT-2), a third of the step's host time.
 """
 
 from __future__ import annotations
@@ -30,12 +35,14 @@ def numel(sizes: tuple) -> sympy.Expr:
     return sympy.Mul(*(sympy.sympify(s) for s in sizes))
 
 
-def compute_once_before_broadcast(value: LoopValue, sizes: tuple) -> bool:
+def compute_once_before_broadcast(value: LoopValue, sizes: tuple, language: str | None = None) -> bool:
     """Whether `value`, read at every element of a `sizes` result, should be in memory first.
     Not a half-precision value still held unrounded in float32: storing it would round it
     where the inlined value is not rounded (an explicit cast to the half dtype is, and may be)."""
     if value.body.dtype != value.dtype:
         return False
+    if language == "triton" and numel(value.sizes) == 1:
+        return False  # a scalar of the kernel
     ratio = numel(sizes) / numel(value.sizes)  # products of sizes: their symbols cancel as they are
     if not (ratio.is_Rational and ratio >= BROADCAST_FACTOR):  # not for sizes that do not cancel, or 0
         return False

@@ -78,14 +78,14 @@ def partition_graphs(
     """Mark the runs of lines on `device_type` tensors that can be recorded as graphs.
 
     `static_inputs`: program inputs the caller keeps at a fixed address (parameters and buffers
-    torch.compile passes as inputs); they and the constants are used in place, the graph's key
-    holding their addresses. `blocker`: the target's rule for library ops (`graphs.op_blocker`
+    torch.compile passes as inputs); they, the constants and the inputs the program writes in
+    place are used in place, the graph's key holding their addresses. `blocker`: the target's rule for library ops (`graphs.op_blocker`
     by default; it gets the ExternKernel line). A program without such runs comes back unchanged.
     """
     if any(isinstance(line, (GraphBegin, GraphEnd)) for line in program.lines):
         raise ValueError(f"program {program.name} is partitioned already")
     ctx = CaptureContext.of(program, blocker)
-    static = set(static_inputs) | {c.name for c in program.constants}
+    static = set(static_inputs) | {c.name for c in program.constants} | _written_inputs(program)
     forced: set[int] = _returned_tail(program)
     for _ in range(len(program.lines) + 1):
         lines, problems = _partition(program, ctx, static, device_type, forced)
@@ -154,6 +154,16 @@ def _partition(
             roots[name] = root_of(roots, line, name)
     close()
     return out, problems
+
+
+def _written_inputs(program: Program) -> set[str]:
+    """The inputs whose storage the program writes: state (optimizer moments and steps, a KV
+    cache, running statistics). A graph uses them in place, keyed by address like parameters:
+    a copy would take the write instead of the caller's tensor (so the writing line could not
+    join a graph), and copying state in costs a pass over it per call."""
+    roots = _storage_roots(program.lines)
+    written = {roots.get(name, name) for line in program.lines for name in written_names(line)}
+    return {name for name in program.input_names() if name in written}
 
 
 def _storage_roots(lines: Iterable[WrapperLine]) -> dict[str, str]:
