@@ -5,6 +5,8 @@
 #ifndef WRAPGEN_RUNTIME_IMPL_H_
 #define WRAPGEN_RUNTIME_IMPL_H_
 
+#include <algorithm>
+
 #include "wrapgen/runtime.h"
 
 #ifndef WG_RT_INLINE
@@ -190,9 +192,9 @@ WG_RT_INLINE void check_input(
     int32_t dtype,
     int32_t device_type,
     int32_t device_index,
-    const std::vector<int64_t>& sizes,
-    const std::vector<int64_t>& strides,
-    const std::vector<bool>& stride_checked) {
+    std::initializer_list<int64_t> sizes,
+    std::initializer_list<int64_t> strides,
+    std::initializer_list<bool> stride_checked) {
   int32_t actual_dtype = 0, actual_type = 0, actual_index = 0;
   check(aoti_torch_get_dtype(t.get(), &actual_dtype), "aoti_torch_get_dtype");
   if (actual_dtype != dtype) {
@@ -207,20 +209,25 @@ WG_RT_INLINE void check_input(
             device_name(actual_type, actual_index));
   }
   const int64_t ndim = t.dim();
-  std::vector<int64_t> actual_sizes(static_cast<size_t>(ndim)), actual_strides(static_cast<size_t>(ndim));
-  for (int64_t d = 0; d < ndim; ++d) {
-    actual_sizes[static_cast<size_t>(d)] = t.size(d);
-    actual_strides[static_cast<size_t>(d)] = t.stride(d);
+  int64_t* actual_sizes = nullptr;
+  int64_t* actual_strides = nullptr;
+  check(aoti_torch_get_sizes(t.get(), &actual_sizes), "aoti_torch_get_sizes");
+  check(aoti_torch_get_strides(t.get(), &actual_strides), "aoti_torch_get_strides");
+  if (static_cast<size_t>(ndim) != sizes.size() || !std::equal(sizes.begin(), sizes.end(), actual_sizes)) {
+    throw Error(
+        WG_INPUT_MISMATCH,
+        std::string("input ") + name + ": expected shape " + format_tuple(std::vector<int64_t>(sizes)) + ", got " +
+            format_tuple(std::vector<int64_t>(actual_sizes, actual_sizes + ndim)));
   }
-  if (actual_sizes != sizes) {
-    throw Error(WG_INPUT_MISMATCH, std::string("input ") + name + ": expected shape " + format_tuple(sizes) + ", got " + format_tuple(actual_sizes));
-  }
+  const bool* checked = stride_checked.begin();
+  const int64_t* expected = strides.begin();
   for (size_t d = 0; d < strides.size(); ++d) {
-    if (stride_checked[d] && strides[d] != actual_strides[d]) {
+    if (checked[d] && expected[d] != actual_strides[d]) {
+      const std::vector<bool> which(stride_checked);
       throw Error(
           WG_INPUT_MISMATCH,
-          std::string("input ") + name + ": expected strides " + format_tuple(strides, &stride_checked) + ", got " +
-              format_tuple(actual_strides));
+          std::string("input ") + name + ": expected strides " + format_tuple(std::vector<int64_t>(strides), &which) +
+              ", got " + format_tuple(std::vector<int64_t>(actual_strides, actual_strides + ndim)));
     }
   }
 }

@@ -150,6 +150,8 @@ class CppModel:
         self.inputs = self.metadata["inputs"]
         self.output_kinds = [o["kind"] for o in self.metadata["outputs"]]
         self._tensor_positions = [i for i, s in enumerate(self.inputs) if s["kind"] == "tensor"]
+        self._all_tensors = bool(self.inputs) and len(self._tensor_positions) == len(self.inputs)
+        self._tensor_kinds = [_TENSOR_KIND] * len(self.inputs)
         # (position, kind, name) of each input, and the packers of the input and output arrays
         self._input_plan = tuple((i, _KINDS.get(s["kind"], _INT_KIND), s["name"]) for i, s in enumerate(self.inputs))
         self._pack_inputs = struct.Struct("=" + _VALUE_FORMAT * len(self.inputs))
@@ -185,6 +187,13 @@ class CppModel:
 
     def _run_with(self, buffers: _CallBuffers, args: list) -> tuple:
         fields = buffers.fields
+        if self._all_tensors and all(isinstance(value, torch.Tensor) for value in args):
+            # every input a tensor (a compiled optimizer step passes 740): the fields by slices
+            handles = _to_handles(args)
+            args.clear()
+            fields[0::_FIELDS] = self._tensor_kinds
+            fields[4::_FIELDS] = handles  # taken over by wg_run
+            return self._call_library(buffers)
         tensors = []
         for position, kind, name in self._input_plan:
             value = args[position]
@@ -210,6 +219,10 @@ class CppModel:
         for position, handle in zip(self._tensor_positions, handles):
             at = _FIELDS * position
             fields[at], fields[at + 2], fields[at + 3], fields[at + 4] = _TENSOR_KIND, 0, 0.0, handle  # taken over by wg_run
+        return self._call_library(buffers)
+
+    def _call_library(self, buffers: _CallBuffers) -> tuple:
+        fields = buffers.fields
         if fields:
             self._pack_inputs.pack_into(buffers.inputs, 0, *fields)
         m = len(self.output_kinds)
