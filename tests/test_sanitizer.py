@@ -328,3 +328,27 @@ def test_reuse_may_grow_back_to_its_storage(target):
     with pytest.raises(SanitizerError, match=r"line 12 .*buf5, placed in buf2 spans bytes \[0, 144\).*\[0, 128\)"):
         with wrapgen.config.patch(sanitize=True, memory_planning="none"):
             wrapgen.build(program(too_big), target).call([x.clone()])
+
+
+def state_lines(reader_first: bool) -> list[WrapperLine]:
+    """buf0 = -x read before x *= 2 writes x in place; each call declares the version of x it sees."""
+    reader = dataclasses.replace(out("aten::neg.out", ("x",), "buf0"), state=(("x", 0),))
+    writer = ExternKernel(None, "aten::mul_.Scalar", (TensorRef("x"), 2.0), writes=("x",), state=(("x", 0),))
+    calls = [reader, writer] if reader_first else [writer, reader]
+    return [Allocate("buf0", X), *calls, Output((TensorRef("buf0"),))]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_state_read_moved_past_its_write(target):
+    """A reordering the verifier refuses, emitted without it (a pass or an emitter moving a line
+    after verification): the sanitizer names the call that sees the wrong version of x."""
+    from wrapgen.backends import get_backend
+
+    x = torch.randn(4, 8)
+    with wrapgen.config.patch(sanitize=True, memory_planning="none"):
+        good = get_backend(target)().compile(program(state_lines(reader_first=True)))
+        torch.testing.assert_close(good.call([x.clone()])[0], -x)
+        planted = get_backend(target)().compile(program(state_lines(reader_first=False)))
+    with pytest.raises(SanitizerError, match=r"state out of order: must see x at version 0 but runs after") as caught:
+        planted.call([x.clone()])
+    assert caught.value.line_number == 4 and "aten::neg.out" in caught.value.line_text, str(caught.value)

@@ -10,7 +10,10 @@ tensors by their IR names, size symbols by theirs. For each call it
   outside the buffers the line declares written names the buffer it belongs to;
 - checks that a Reinterpret, ReuseBuffer or AllocateFromPool stays inside its storage, and that a
   reused or pooled buffer overlaps no buffer whose data a later line still needs;
-- checks every size symbol against the range the program assumes for it.
+- checks every size symbol against the range the program assumes for it;
+- replays the versions of the state the program writes (inputs and constants) and checks the
+  version each call declares it sees (`state x@v1`): a call that runs before or after a write it
+  was placed after or before (a reordering no verifier saw) names the line.
 Each finding raises SanitizerError naming the line (number and text) and the buffer. It keeps
 every storage of the call alive until the call ends, so addresses are not reused meanwhile.
 """
@@ -45,6 +48,7 @@ from wrapgen.wrapper_ir.lines import (
     SymbolicCallArg,
     WrapperLine,
 )
+from wrapgen.wrapper_ir.passes.state_versions import StateVersions
 from wrapgen.wrapper_ir.program import Program
 from wrapgen.wrapper_ir.values import storage_bytes as layout_bytes
 
@@ -85,10 +89,15 @@ class CallSanitizer:
         self.regions: dict[str, tuple[int, int]] = {}  # bytes of its storage a name may view
         self.snapshot: Snapshot | None = None
         self.pending: SanitizerError | None = None  # a stale read found before a call line ran
+        self.versions = StateVersions(facts.state)
 
     # -- hooks ---------------------------------------------------------------------------------
     def before(self, number: int, values: Values) -> None:
         line = self.facts.lines[number]
+        try:
+            self.versions.check(line)
+        except ValueError as error:
+            raise self.fail(number, None, f"state out of order: {error}") from None
         if number in self.facts.reads:
             try:
                 self.check_reads(number, values)
@@ -110,6 +119,7 @@ class CallSanitizer:
 
     def after(self, number: int, values: Values) -> None:
         line = self.facts.lines[number]
+        self.versions.apply(line)
         if self.snapshot is not None:
             self.check_writes(number, line, values)
             self.snapshot = None

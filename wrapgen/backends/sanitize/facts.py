@@ -29,6 +29,7 @@ from wrapgen.wrapper_ir.lines import (
     SymbolicCallArg,
     WrapperLine,
 )
+from wrapgen.wrapper_ir.passes.state_versions import state_storages
 from wrapgen.wrapper_ir.program import Program, SymbolInfo
 
 # Lines that touch no tensor data: they read layouts, bind names or hand storage to a new name.
@@ -79,6 +80,8 @@ class ProgramFacts:
         self.symbol_info: dict[str, SymbolInfo] = {str(info.symbol): info for info in program.symbols}
         self.constants = program.constant_values()
         self.inputs = tuple(program.input_names())
+        # inputs and constants some line writes: the state whose versions each call declares
+        self.state = state_storages(set(self.inputs) | set(self.constants), list(program.lines))
         self.reads: dict[int, tuple[str, ...]] = {}  # data a line reads and does not declare written
         self.in_place: set[int] = set()  # ReuseBuffer lines whose source is read by the line writing it
         self.last_use: dict[Definition, int] = {}
