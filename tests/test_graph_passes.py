@@ -13,6 +13,7 @@ from wrapgen.lowering.graph_passes import ATEN_PASSES, TRACED_PASSES, GraphPass,
 
 def test_the_passes_in_order():
     assert [(p.name, p.options) for p in ATEN_PASSES] == [
+        ("common_subexpressions", ()),
         ("conv_layout", ("layout_optimization",)),
         ("broadcast_bmm", ()),
         ("accumulate_into_add", ()),
@@ -66,13 +67,14 @@ def test_debug_dir_holds_the_graph_after_each_pass_that_changed_it(tmp_path):
         wrapgen.lower(model, (x,))
     (folder, files), = _dumps(tmp_path).items()
     assert folder.endswith("_forward")
-    assert list(files) == ["00-input.txt", "02-broadcast_bmm.txt", "04-constant_masks.txt"]
-    given, folded, unmasked = files.values()
+    # the mask's two equal aranges become one, the bmm an mm, the causal mask is_causal
+    assert list(files) == ["00-input.txt", "01-common_subexpressions.txt", "03-broadcast_bmm.txt", "05-constant_masks.txt"]
+    given, _, folded, unmasked = files.values()
     assert "torch.ops.aten.bmm.default" in given and "torch.ops.aten.bmm.default" not in folded
     assert "torch.ops.aten.mm.default" in folded
-    assert folded.startswith("# after pass 2, broadcast_bmm (always on)\n")
+    assert folded.startswith("# after pass 3, broadcast_bmm (always on)\n")
     assert "arange" in folded and "arange" not in unmasked and "is_causal = True" in unmasked
-    assert unmasked.startswith("# after pass 4, constant_masks (constant_masks)\n")
+    assert unmasked.startswith("# after pass 5, constant_masks (constant_masks)\n")
     assert "f32[2, 16, 8][128, 8, 1]cpu" in folded  # sizes, strides and device
 
 
@@ -81,7 +83,7 @@ def test_options_are_read_when_the_graph_is_compiled(tmp_path):
     with wrapgen.config.patch(debug_dir=str(tmp_path), constant_masks=False), torch.no_grad():
         wrapgen.lower(model, (x,))
     (files,) = _dumps(tmp_path).values()
-    assert list(files) == ["00-input.txt", "02-broadcast_bmm.txt", "09-attention_masks.txt"]  # the mask stays
+    assert list(files) == ["00-input.txt", "01-common_subexpressions.txt", "03-broadcast_bmm.txt", "10-attention_masks.txt"]  # the mask stays
 
 
 def test_no_dump_without_debug_dir_or_without_a_change(tmp_path):
@@ -109,3 +111,43 @@ def test_torch_compile_dumps_dynamos_graph_too(tmp_path):
     (traced,) = [files for folder, files in dumps.items() if folder.endswith("_dynamo")]
     assert list(traced) == ["00-input.txt", "01-traced_masks.txt"]
     assert "is_causal = True" in traced["01-traced_masks.txt"]
+
+
+def test_repeated_pure_calls_are_computed_once():
+    """Two layers converting one mask the same way: one kernel does it; a mutation between two
+    equal calls keeps both (they read different versions)."""
+    def layers(x, mask):
+        out = x
+        for _ in range(2):
+            out = out + torch.where(mask, 0.0, float("-inf")).exp()
+        return out
+
+    from wrapgen.lowering.capture import capture
+    from wrapgen.lowering.graph_passes.common_subexpressions import eliminate_common_subexpressions
+
+    x, mask = torch.randn(4, 8), torch.rand(4, 8) > 0.5
+    captured = capture(layers, (x, mask), dynamic=False)
+    merged = eliminate_common_subexpressions(captured)
+
+    def count(c, op):
+        return sum(n.target is op for n in c.graph_module.graph.nodes)
+
+    assert count(captured, torch.ops.aten.exp.default) == 2 and count(merged, torch.ops.aten.exp.default) == 1
+    compiled = wrapgen.compile(layers, (x, mask))
+    torch.testing.assert_close(compiled(x, mask), layers(x, mask))
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from wrapgen.lowering.capture import capture_aten_graph
+
+    def mutated(x, y):
+        a = x * 2
+        x.copy_(y)
+        return a + x * 2
+
+    gm = make_fx(mutated, tracing_mode="fake")(torch.randn(4), torch.randn(4))
+    later = [n for n in gm.graph.nodes if n.target is torch.ops.aten.mul.Tensor][1]
+    later.args = (gm.graph.find_nodes(op="placeholder")[0], 2)  # x itself, read after its copy_
+    gm.recompile()
+    kept = eliminate_common_subexpressions(capture_aten_graph(gm))
+    assert count(kept, torch.ops.aten.mul.Tensor) == 2  # equal calls on either side of a write

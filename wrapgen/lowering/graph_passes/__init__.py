@@ -19,6 +19,7 @@ from wrapgen.lowering.graph_passes.accumulate_into_add import accumulate_into_ad
 from wrapgen.lowering.graph_passes.addmm_bias import bias_into_readers
 from wrapgen.lowering.graph_passes.attention_masks import float_attention_masks
 from wrapgen.lowering.graph_passes.broadcast_bmm import fold_broadcast_bmm
+from wrapgen.lowering.graph_passes.common_subexpressions import eliminate_common_subexpressions
 from wrapgen.lowering.graph_passes.constant_masks import drop_constant_masks
 from wrapgen.lowering.graph_passes.conv_layout import channels_last_convolutions
 from wrapgen.lowering.graph_passes.inplace_ops import split_inplace_ops
@@ -51,6 +52,8 @@ def _drop_traced_masks(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 
 ATEN_PASSES: tuple[GraphPass, ...] = (
+    # repeated pure calls (a decoder's per-layer mask conversion) computed once
+    GraphPass("common_subexpressions", (), eliminate_common_subexpressions),
     # 2-d convolutions on CUDA read and write NHWC
     GraphPass("conv_layout", ("layout_optimization",), channels_last_convolutions),
     # bmm against one broadcast matrix: one mm
