@@ -283,6 +283,9 @@ class FusionGroup:
     source_sizes: Shape = ()
     source_index: tuple[sympy.Expr, ...] = ()
     members: list[Member] = field(default_factory=list)
+    # member counts of consecutive runs that share no produced or written storage (the scheduler's
+    # cluster_members sets it): a Triton kernel runs each on its own blocks; empty: one run
+    parts: tuple[int, ...] = ()
 
     def names(self) -> set[str]:
         return {m.node.name for m in self.members}

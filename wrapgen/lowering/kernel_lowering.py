@@ -42,7 +42,7 @@ from wrapgen.lowering.loop_ops.recompute import numel
 from wrapgen.lowering.loop_order import reduction_order, reorder
 from wrapgen.lowering.multi_kernel import with_reduction_variants
 from wrapgen.lowering.mutation import MutationTracker, StateOrder, is_copy, writes_in_place, written_back
-from wrapgen.lowering.scheduler import FusionGroup, schedule
+from wrapgen.lowering.scheduler import FusionGroup, cluster_members, schedule
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
     Allocate,
@@ -368,6 +368,7 @@ class KernelGraphLowering(GraphLowering):
         groups = schedule(order, position, readers, unrelated_reductions=cpu,
                           blocked=state.blocked if state is not None else None,
                           unrelated_streams=CPU_UNRELATED_STREAMS if cpu else None)
+        groups = [cluster_members(g, self.mutations.root) for g in groups]
         needed = {name for name, where in readers.items() if name in self.compute and _read_outside(name, where, lines, groups)}
         codegen = kernel_codegen(self.language)
         hints = {info.symbol: info.hint for info in self.symbols.infos()}
