@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import sympy
 import torch
 
@@ -149,3 +151,22 @@ def test_a_checked_or_gathered_read_of_a_member_keeps_the_kernels_apart() -> Non
     copy = ComputeNode("c", torch.int64, (sixteen, one), checked, x0 + x1)
     assert can_fuse(start_group(index), copy) is None
     assert can_fuse(start_group(index), ComputeNode("d", torch.int64, (sixteen, one), entry, x0 + x1)) is not None
+
+
+def test_independent_parts_of_a_pointwise_group_run_one_after_another() -> None:
+    """cluster_members puts each independent part's members together (an optimizer step's write-backs
+    no longer wait for every parameter's update) and keeps the order of members that share a
+    produced value or written storage, a write into state and a later read of it included."""
+    from wrapgen.lowering.scheduler import cluster_members
+
+    nodes = [pointwise("a", "in1"), pointwise("b", "in2"), pointwise("c", "a"), pointwise("d", "b"),
+             replace(pointwise("w", "c"), target="state"), pointwise("e", "in3"), pointwise("r", "state")]
+    group = start_group(nodes[0])
+    for node in nodes[1:]:
+        fused = can_fuse(group, node)
+        assert fused is not None
+        group = fused[0]
+    clustered = cluster_members(group)
+    assert [m.node.name for m in clustered.members] == ["a", "c", "w", "r", "b", "d", "e"]
+    assert clustered.parts == (4, 2, 1)
+    assert cluster_members(start_group(nodes[0])).parts == ()
