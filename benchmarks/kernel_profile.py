@@ -157,7 +157,9 @@ def analyse(events: list[Any], steps: int, device: str, generated: set[str]) -> 
         return parent is None
 
     host = [e for e in events if e.device_type == DeviceType.CPU and counted(e) and outermost(e)]
-    kernels = [e for e in events if e.device_type == DeviceType.CUDA] if device == "cuda" else host
+    # record_function ranges (ProfilerStep#, Optimizer.step#...) show on the device timeline too: not kernels
+    kernels = ([e for e in events if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
+               if device == "cuda" else host)
     by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for e in kernels:
         by_name[e.name][0] += 1
