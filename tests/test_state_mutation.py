@@ -425,3 +425,19 @@ def test_independent_updates_run_on_blocks_of_their_own_on_triton():
     for got, want in zip(args, expected):
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b)
+
+
+def test_independent_parts_that_share_a_read_keep_one_block_on_triton():
+    """Parts that read a common input (a rotary table applied to queries and keys) stay in one
+    block, which loads it once: no grid axis of parts."""
+    def rotate(q, k, table):
+        return q * table, k * table
+
+    args = (torch.randn(4, 33), torch.randn(4, 33), torch.randn(4, 33))
+    with wrapgen.config.patch(cpu_kernels="triton"):
+        program = wrapgen.lower(rotate, args)
+        compiled = wrapgen.compile(rotate, args)
+    calls = [line for line in program.lines if isinstance(line, KernelCall)]
+    assert len(calls) == 1 and len(calls[0].grid) == 1, str(program)
+    for got, want in zip(compiled(*args), rotate(*args)):
+        torch.testing.assert_close(got, want)

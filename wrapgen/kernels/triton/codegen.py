@@ -20,7 +20,7 @@ an expression of the size symbols.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import sympy
 import torch
@@ -354,13 +354,25 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
             local[m.node.name] = var
             self.store(m, var, w)
 
-    @property
+    @cached_property
     def part_axis(self) -> bool:
         """Whether the group's independent parts run on blocks of their own (grid axis 1): a block
         then streams one part's tensors, as CUDA's multi-tensor apply does, instead of all of them
         one after another (74 small parameters' updates in one block took 176 µs on an H200, the
-        optimizer step's whole budget for them; twelve large ones ran at 80% of the bandwidth)."""
-        return not self.reduction and 1 < len(self.group.parts) <= MAX_PARTS
+        optimizer step's whole budget for them; twelve large ones ran at 80% of the bandwidth).
+        Only parts that read nothing in common: those sharing a read (a rotary table applied to
+        queries and keys) keep one block, which loads it once."""
+        if self.reduction or not 1 < len(self.group.parts) <= MAX_PARTS:
+            return False
+        seen: set[str] = set()
+        start = 0
+        for size in self.group.parts:
+            read = {ld.buffer for m in self.group.members[start:start + size] for ld in loads(m.node.body)}
+            if read & seen:
+                return False
+            seen |= read
+            start += size
+        return True
 
     def persistent_segment(self, members: list[Member], memo: dict, local: dict[str, str], w: SourceWriter) -> None:
         for m in members:
