@@ -61,3 +61,26 @@ def read_in_later_segment(items: list[Item], members: dict[str, Member]) -> set[
                 if producer is not None and producer.level == "inner" and where[ld.buffer] != i:
                     out.add(ld.buffer)
     return out
+
+
+def part_members(group: FusionGroup) -> list[list[Member]]:
+    """The members of each of the group's independent parts (`FusionGroup.parts`), in order."""
+    runs, start = [], 0
+    for size in group.parts or (len(group.members),):
+        runs.append(group.members[start:start + size])
+        start += size
+    return runs
+
+
+def parts_read_apart(group: FusionGroup) -> bool:
+    """Whether the group has several parts and no two read a common buffer: parts sharing a read
+    (a rotary table applied to queries and keys) are better in one block, which loads it once."""
+    if len(group.parts) < 2:
+        return False
+    seen: set[str] = set()
+    for members in part_members(group):
+        read = {ld.buffer for m in members for ld in loads(m.node.body)}
+        if read & seen:
+            return False
+        seen |= read
+    return True

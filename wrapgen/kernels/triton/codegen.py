@@ -28,7 +28,7 @@ from torch.utils._sympy.functions import CeilDiv
 
 from wrapgen.kernels.cpp.codegen import GeneratedKernel
 from wrapgen.kernels.online_softmax import merge_online_softmax
-from wrapgen.kernels.segments import in_place_pairs, segments
+from wrapgen.kernels.segments import in_place_pairs, part_members, parts_read_apart, segments
 from wrapgen.kernels.triton.launch_config import LaunchConfig, choose_config
 from wrapgen.kernels.triton.ops import ARG_REDUCTIONS, OpRenderer, SourceWriter, compute_tl, literal
 from wrapgen.kernels.triton.printer import triton_index
@@ -321,13 +321,11 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
         local: dict[str, str] = {}
         if not self.reduction and self.part_axis:
             # each independent part on its own blocks (grid axis 1), with values of its own
-            start = 0
-            for number, size in enumerate(self.group.parts):
+            for number, members in enumerate(part_members(self.group)):
                 body.line(f"if part == {number}:")
                 branch = SourceWriter(body.depth + 1)
-                self.pointwise(self.group.members[start:start + size], {}, {}, branch)
+                self.pointwise(members, {}, {}, branch)
                 body.lines += branch.lines
-                start += size
         elif not self.reduction:
             self.pointwise([m for _, ms in self.items for m in ms], memo, local, body)
         else:
@@ -359,20 +357,8 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
         """Whether the group's independent parts run on blocks of their own (grid axis 1): a block
         then streams one part's tensors, as CUDA's multi-tensor apply does, instead of all of them
         one after another (74 small parameters' updates in one block took 176 µs on an H200, the
-        optimizer step's whole budget for them; twelve large ones ran at 80% of the bandwidth).
-        Only parts that read nothing in common: those sharing a read (a rotary table applied to
-        queries and keys) keep one block, which loads it once."""
-        if self.reduction or not 1 < len(self.group.parts) <= MAX_PARTS:
-            return False
-        seen: set[str] = set()
-        start = 0
-        for size in self.group.parts:
-            read = {ld.buffer for m in self.group.members[start:start + size] for ld in loads(m.node.body)}
-            if read & seen:
-                return False
-            seen |= read
-            start += size
-        return True
+        optimizer step's whole budget for them; twelve large ones ran at 80% of the bandwidth)."""
+        return not self.reduction and len(self.group.parts) <= MAX_PARTS and parts_read_apart(self.group)
 
     def persistent_segment(self, members: list[Member], memo: dict, local: dict[str, str], w: SourceWriter) -> None:
         for m in members:
