@@ -172,7 +172,7 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
         can be folded away, e.g. a reduction over no dimension of a 0-dim tensor)."""
         pairs = in_place_pairs(self.group, self.stored, self.dtypes)
         if self.part_axis:  # parts run concurrently: only an input the last part alone reads
-            others = {ld.buffer for m in self.group.members[:-self.group.parts[-1]] for ld in loads(m.node.body)}
+            others = {ld.buffer for ms in part_members(self.group)[:-1] for m in ms for ld in loads(m.node.body)}
             pairs = tuple((out, src) for out, src in pairs if src not in others)
         return tuple((out, src) for out, src in pairs if out in self.written and src in self.read)
 
@@ -319,7 +319,7 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
         body = SourceWriter()
         memo: dict[Body, str] = {}
         local: dict[str, str] = {}
-        if not self.reduction and self.part_axis:
+        if self.part_axis:
             # each independent part on its own blocks (grid axis 1), with values of its own
             for number, members in enumerate(part_members(self.group)):
                 body.line(f"if part == {number}:")
