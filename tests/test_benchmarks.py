@@ -466,3 +466,43 @@ def test_results_folder_holds_current_pages_named_by_the_scheme() -> None:
         if path.suffix == ".md":
             assert path.name in index, f"{path.name} is not in benchmarks/results/README.md"
     assert not re.search(r"\bsessions?\b", index, re.IGNORECASE)
+
+
+# -- train-mode batch norm (benchmarks.bn_training) ------------------------------------------------
+
+
+@needs_transformers
+def test_bn_training_benchmark_checks_gradients_and_running_stats(tmp_path: Path) -> None:
+    from benchmarks import bn_training
+
+    argv = ["--device=cpu", "--size=narrow", "--contenders=eager,wrapgen[python]", "--rounds=1", "--steps=1",
+            "--check-steps=2", f"--out-dir={tmp_path}"]
+    raw, markdown = _results(bn_training.main(argv), "bn-training-narrow-fp32")
+    rows = {r["contender"]: r for r in raw["results"]}
+    assert list(rows) == ["eager", "wrapgen[python]"]
+    for name, row in rows.items():  # the running statistics are buffers the compiled forward writes in place
+        assert row["status"] == "ok" and row["check"] == "ok", row
+        assert len(row["round_times"]) == 1 and row["median_s"] > 0
+        assert f"| {name} | ok |" in markdown
+    assert rows["wrapgen[python]"]["graphs"] >= 1 and "batch norms" in raw["settings"]["model"]
+
+
+@needs_transformers
+def test_bn_training_check_names_a_running_stat_that_moved() -> None:
+    import copy
+
+    from benchmarks import bn_training
+
+    model, images = bn_training.narrow_resnet("cpu", torch.float32)
+    model.train()
+    labels = torch.zeros(images.shape[0], dtype=torch.long)
+    a, b, exact_model = copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model).double()
+    instances = [bn_training.Instance(m, bn_training.make_step(m, m, x, labels))
+                 for m, x in ((a, images), (b, images), (exact_model, images.double()))]
+    losses = [i.step() for i in instances]
+    assert bn_training.compare(*instances, losses, torch.float32) is None
+    name, buffer = next((n, t) for n, t in a.named_buffers() if n.endswith("running_var"))
+    with torch.no_grad():
+        buffer[0] += 0.5
+    reason = bn_training.compare(*instances, losses, torch.float32)
+    assert reason is not None and reason.startswith(f"{name}: RMS error"), reason
