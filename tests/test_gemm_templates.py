@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import wrapgen
-from wrapgen.kernels.templates import autotune, cpp_gemm, triton_gemm
+from wrapgen.kernels.templates import autotune, cpp_gemm, triton_gemm, triton_skinny
 from wrapgen.kernels.triton import compat
 from wrapgen.lowering.gemm_templates import misaligned
 from wrapgen.wrapper_ir.lines import Comment, ExternKernel, KernelDefinition
@@ -513,3 +513,63 @@ def test_misaligned_lm_head_is_measured_against_templates_by_default(target):
         assert "autotune mm 64x256 @ 256x4099" in str(program)
         aligned = (args[0], torch.randn(4096, 256, device="cuda", dtype=dt))
         assert "autotune" not in str(check(fn, aligned, targets=[target], atol=3e-2, rtol=3e-2))
+
+
+# -- skinny products: a few rows times a weight (batch-1 decoding) ----------------------------------
+SKINNY_CASES = {
+    "one_row_k_tail": (lambda x, w: x @ w.t(), (torch.randn(1, 40), torch.randn(36, 40)), {}),
+    "column_tail": (lambda x, w: x @ w.t(), (torch.randn(1, 32), torch.randn(37, 32)), {}),
+    "three_rows_gelu_residual": (lambda x, w, b, r: F.gelu(F.linear(x, w, b)) + r,
+                                 (torch.randn(3, 24), torch.randn(36, 24), torch.randn(36), torch.randn(3, 36)), {}),
+    "linear_3d_silu": (lambda x, w: F.silu(F.linear(x, w)), (torch.randn(1, 1, 33), torch.randn(20, 33)), {}),
+    "bf16": (lambda x, w: (x @ w.t()) * 2, (torch.randn(2, 32, dtype=torch.bfloat16),
+                                            torch.randn(24, 32, dtype=torch.bfloat16)), {"atol": 2e-2, "rtol": 2e-2}),
+}
+
+
+@interpreter
+@pytest.mark.parametrize("case", list(SKINNY_CASES))
+def test_skinny_template_in_interpreter(case, monkeypatch):
+    monkeypatch.setattr(triton_gemm, "triton_configs", lambda problem, shortlist=False: [])  # the skinny one alone
+    fn, args, tol = SKINNY_CASES[case]
+    with wrapgen.config.patch(cpu_kernels="triton"):
+        program = check(fn, args, targets=["python", "fx"], **tol)
+    kernels = templates(program)
+    assert len(kernels) == 1 and dict(kernels[0].metadata)["template"].startswith("triton_skinny_"), str(program)
+
+
+def test_skinny_configs_fit_the_problem_and_the_registers():
+    from wrapgen.kernels.templates.problem import GemmProblem, Operand
+
+    def problem(m: int, n: int, k: int, op: str = "mm") -> GemmProblem:
+        a, b = Operand("a", torch.bfloat16, (0, k, 1)), Operand("b", torch.bfloat16, (0, 1, k))
+        return GemmProblem(op, 1, m, n, k, a, b, Operand("out", torch.bfloat16, (0, n, 1)), device="cuda")
+
+    for m, n, k in ((1, 256, 1024), (1, 2816, 1024), (1, 1024, 2816), (5, 32000, 1024), (16, 64, 64)):
+        configs = triton_skinny.skinny_configs(problem(m, n, k))
+        assert configs and len(set(configs)) == len(configs)
+        for c in configs:
+            assert c.block_m >= m and c.block_n <= max(n, 1) * 2 and c.block_k <= max(16, 2 * k)
+            assert c.block_m * c.block_n * c.block_k <= triton_skinny.ACCUMULATOR_LIMIT, c
+            assert c.tag.startswith("triton_skinny_")
+    assert not triton_skinny.skinny_configs(problem(17, 256, 256))  # tensor-core tiles' ground
+    assert not triton_skinny.skinny(GemmProblem("bmm", 2, 1, 8, 8, Operand("a", torch.float32, (8, 8, 1)),
+                                                Operand("b", torch.float32, (64, 8, 1)),
+                                                Operand("out", torch.float32, (8, 8, 1))))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("target", TARGETS)
+def test_decode_products_are_measured_against_the_skinny_template_by_default(target):
+    """One token's projections (1 row over a 1024x2816 weight) are measured against the skinny
+    template without max_autotune; 64 rows are not skinny and stay library calls, unmeasured."""
+    fn = lambda x, w, r: F.silu(x @ w.t()) + r  # noqa: E731
+    dt = torch.bfloat16
+    w = torch.randn(2816, 1024, device="cuda", dtype=dt)
+    with wrapgen.config.patch(max_autotune=False, max_autotune_gemm_backends="aten,template"):
+        one = (torch.randn(1, 1024, device="cuda", dtype=dt), w, torch.randn(1, 2816, device="cuda", dtype=dt))
+        program = check(fn, one, targets=[target], atol=3e-2, rtol=3e-2)
+        assert "autotune mm 1x1024 @ 1024x2816" in str(program) and "triton_skinny_" in str(program)
+        many = (torch.randn(64, 1024, device="cuda", dtype=dt), w, torch.randn(64, 2816, device="cuda", dtype=dt))
+        assert "autotune" not in str(check(fn, many, targets=[target], atol=3e-2, rtol=3e-2))

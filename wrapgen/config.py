@@ -131,6 +131,15 @@ OPTIONS: dict[str, Option] = {
             "library call by benchmarking at compile time (winners cached on disk)",
         ),
         Option(
+            "skinny_gemm_templates",
+            bool,
+            True,
+            "WRAPGEN_SKINNY_GEMM_TEMPLATES",
+            "on CUDA, a matrix product of static sizes with at most 16 rows over a weight of 256K+ elements "
+            "(batch-1 decoding) is measured against a Triton matrix-vector template at compile time even without "
+            "max_autotune, the faster kept (winners cached on disk)",
+        ),
+        Option(
             "misaligned_gemm_templates",
             bool,
             True,
@@ -207,6 +216,7 @@ cuda_graphs: bool = OPTIONS["cuda_graphs"].parse_env()
 max_autotune: bool = OPTIONS["max_autotune"].parse_env()
 max_autotune_gemm_backends: str = OPTIONS["max_autotune_gemm_backends"].parse_env()
 misaligned_gemm_templates: bool = OPTIONS["misaligned_gemm_templates"].parse_env()
+skinny_gemm_templates: bool = OPTIONS["skinny_gemm_templates"].parse_env()
 multi_kernel: bool = OPTIONS["multi_kernel"].parse_env()
 layout_optimization: bool = OPTIONS["layout_optimization"].parse_env()
 constant_masks: bool = OPTIONS["constant_masks"].parse_env()

@@ -6,6 +6,8 @@ on CUDA (`misaligned_gemm_templates`), only the products cuBLAS serves with its 
 kernels: a leading dimension that is not a multiple of 16 bytes (GPT-2's vocabulary of 50257
 makes its LM head 3-6x slower than a Triton tile that stores under a mask), in half precision
 (or float32 with TF32 allowed), measured against a shortlist of three template configurations.
+On CUDA (`skinny_gemm_templates`), products of at most 16 rows over a large weight (batch-1
+decoding) are measured against the skinny matrix-vector template too.
 For each candidate it finds the pointwise fusion group that is
 the product's only reader, reading it at the very element the product holds (bias, GELU,
 residual add, scaling, a cast: the epilogue). The tuner (`kernels.templates`) measures the
@@ -33,14 +35,17 @@ GEMM_OPS = {"aten::mm.out": "mm", "aten::addmm.out": "addmm", "aten::bmm.out": "
 # compiling and measuring candidates for (without max_autotune)
 MISALIGNED_MIN_MACS = 1 << 22
 TEMPLATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# a skinny product's weight below this many elements is read in a few microseconds by any kernel
+SKINNY_MIN_WEIGHT = 1 << 18
 
 
 def apply_gemm_templates(lowering, lines: list[WrapperLine], pending_type: type) -> list[WrapperLine]:
     """`lines` with the matrix products that a template instance serves best replaced by it."""
     tune_all = config.max_autotune and lowering.language in ("cpp", "triton")
-    misaligned_only = (not tune_all and config.misaligned_gemm_templates and lowering.language == "triton"
-                       and torch.device(lowering.device).type == "cuda")
-    if not (tune_all or misaligned_only):
+    on_cuda = lowering.language == "triton" and torch.device(lowering.device).type == "cuda"
+    misaligned_only = not tune_all and config.misaligned_gemm_templates and on_cuda
+    skinny_only = not tune_all and config.skinny_gemm_templates and on_cuda
+    if not (tune_all or misaligned_only or skinny_only):
         return lines
     backends = None if tune_all else "aten,template"  # the library call is always measured too
     shortlist = not tune_all  # a misaligned product only: the few configurations that win, not all
@@ -49,7 +54,8 @@ def apply_gemm_templates(lowering, lines: list[WrapperLine], pending_type: type)
     for line in lines:
         if isinstance(line, ExternKernel) and line.op in GEMM_OPS:
             parts = _problem(line, types, lowering.device)
-            if parts is not None and (tune_all or _worth_measuring_unaligned(parts)):
+            if parts is not None and (tune_all or (misaligned_only and _worth_measuring_unaligned(parts))
+                                      or (skinny_only and _worth_measuring_skinny(parts))):
                 products.append((line, parts))
     if not products:
         return lines
@@ -120,6 +126,17 @@ def _worth_measuring_unaligned(parts: dict) -> bool:
     tensor_cores = dtype in (torch.bfloat16, torch.float16) or (
         dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32)
     return tensor_cores and misaligned(parts) and _macs(parts) >= MISALIGNED_MIN_MACS
+
+
+def _worth_measuring_skinny(parts: dict) -> bool:
+    """Without max_autotune: a product of a few rows (batch-1 decoding) over a weight large enough
+    that its read, not the launch, sets the time: measured against the skinny template, which
+    spreads the weight's columns over every SM where cuBLAS's tiles use a few
+    (kernels/templates/triton_skinny.py)."""
+    from wrapgen.kernels.templates.triton_skinny import SKINNY_MAX_ROWS
+
+    return (parts["op"] in ("mm", "addmm") and parts["m"] <= SKINNY_MAX_ROWS
+            and parts["n"] * parts["k"] >= SKINNY_MIN_WEIGHT)
 
 
 def _macs(parts: dict) -> int:

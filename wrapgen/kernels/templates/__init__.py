@@ -1,4 +1,4 @@
-"""GEMM templates for `config.max_autotune` (and, on CUDA, for misaligned products): matrix
+"""GEMM templates for `config.max_autotune` (and, on CUDA, for misaligned and skinny products): matrix
 products generated with their epilogue fused (C++ on the CPU, Triton on the GPU), chosen
 against the library call by measurement."""
 

@@ -93,9 +93,15 @@ def _candidates(problem: GemmProblem, language: str, name: str, backends: str,
             out.append(Candidate(cfg.tag, cpp_gemm_source(problem, cfg, f"{name}_c{i}")))
     elif language == "triton":
         from wrapgen.kernels.templates.triton_gemm import triton_configs, triton_gemm_source
+        from wrapgen.kernels.templates.triton_skinny import skinny, skinny_configs, skinny_gemm_source
 
-        for i, cfg in enumerate(triton_configs(problem, shortlist)):
+        # a skinny product's shortlist is the skinny template alone: tensor-core tiles of 16+ rows
+        # over one to a few rows lose to it and would only lengthen the compile
+        tiles = [] if shortlist and skinny(problem) else triton_configs(problem, shortlist)
+        for i, cfg in enumerate(tiles):
             out.append(Candidate(cfg.tag, triton_gemm_source(problem, cfg, f"{name}_c{i}")))
+        for i, cfg in enumerate(skinny_configs(problem)):
+            out.append(Candidate(cfg.tag, skinny_gemm_source(problem, cfg, f"{name}_s{i}")))
     return out
 
 

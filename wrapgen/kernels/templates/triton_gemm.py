@@ -80,7 +80,7 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-class _EpilogueCodegen(TritonKernelCodegen):
+class EpilogueCodegen(TritonKernelCodegen):
     """The Triton kernel generator over one 2-D output tile instead of a flat block."""
 
     def _flatten(self, e: sympy.Expr) -> sympy.Expr:
@@ -94,7 +94,7 @@ class _EpilogueCodegen(TritonKernelCodegen):
         return "[BLOCK_M, BLOCK_N]"
 
 
-def _largest_offset(p: GemmProblem) -> int:
+def largest_offset(p: GemmProblem) -> int:
     """The largest element offset any operand's indexing reaches (int32 indexing below 2**31)."""
     top = 0
     for layout in p.layouts.values():
@@ -103,7 +103,7 @@ def _largest_offset(p: GemmProblem) -> int:
     return max(top, p.batch * p.m * p.n, p.batch * p.m * p.k, p.batch * p.k * p.n)
 
 
-def _offset(op: Operand, batch: str, row: str, col: str) -> str:
+def operand_offset(op: Operand, batch: str, row: str, col: str) -> str:
     sb, sr, sc = op.strides
     parts = [f"{s} * {v}" if s != 1 else v for s, v in ((sb, batch), (sr, row), (sc, col)) if s != 0]
     return " + ".join(parts) or "0"
@@ -113,12 +113,12 @@ def triton_gemm_source(problem: GemmProblem, config: TritonGemmConfig, name: str
     p, c = problem, config
     interpreted = _interpreting(p)
     group = p.epilogue.group if p.epilogue else FusionGroup(p.rows)
-    cg = _EpilogueCodegen(group, name, set(p.epilogue.needed) if p.epilogue else set(),
+    cg = EpilogueCodegen(group, name, set(p.epilogue.needed) if p.epilogue else set(),
                           p.epilogue.dtypes if p.epilogue else {}, {}, set(), "cpu" if interpreted else "cuda")
     w = SourceWriter()
     tiles_m, tiles_n = -(-p.m // c.block_m), -(-p.n // c.block_n)
     even_k = p.k % c.block_k == 0
-    wide = _largest_offset(p) > INT32_LIMIT
+    wide = largest_offset(p) > INT32_LIMIT
     w.line("pid = tl.program_id(0)")
     w.line("bidx = tl.program_id(1).to(tl.int64)" if wide else "bidx = tl.program_id(1)")
     w.line(f"width = GROUP_M * {tiles_n}")
@@ -138,8 +138,8 @@ def triton_gemm_source(problem: GemmProblem, config: TritonGemmConfig, name: str
     w.line(f"for k0 in range(0, {p.k}, BLOCK_K):")
     w.depth += 1
     w.line("kk = k0 + rk")
-    a_ptr = f"a_ptr + ({_offset(p.a, 'bidx', 'ram[:, None]', 'kk[None, :]')})"
-    b_ptr = f"b_ptr + ({_offset(p.b, 'bidx', 'kk[:, None]', 'rbn[None, :]')})"
+    a_ptr = f"a_ptr + ({operand_offset(p.a, 'bidx', 'ram[:, None]', 'kk[None, :]')})"
+    b_ptr = f"b_ptr + ({operand_offset(p.b, 'bidx', 'kk[:, None]', 'rbn[None, :]')})"
     a_mask = "" if even_k else f", mask=kk[None, :] < {p.k}, other=0.0"
     b_mask = "" if even_k else f", mask=kk[:, None] < {p.k}, other=0.0"
     a_load, b_load = f"tl.load({a_ptr}{a_mask})", f"tl.load({b_ptr}{b_mask})"
@@ -152,15 +152,15 @@ def triton_gemm_source(problem: GemmProblem, config: TritonGemmConfig, name: str
     w.line(f"acc += tl.dot(a, b{extra})")
     w.depth -= 1
     w.line(f"xmask = (rm[:, None] < {p.m}) & (rn[None, :] < {p.n})")
-    _epilogue(p, cg, w)
-    return _finish(p, c, cg, w, name, tiles_m * tiles_n)
+    render_epilogue(p, cg, w)
+    return finish_source(p, c, cg, w, name, tiles_m * tiles_n)
 
 
-def _epilogue(p: GemmProblem, cg: _EpilogueCodegen, w: SourceWriter) -> None:
+def render_epilogue(p: GemmProblem, cg: EpilogueCodegen, w: SourceWriter) -> None:
     value = "acc" if p.alpha == 1 else f"acc * {float(p.alpha)!r}"
     if p.bias is not None:
         # a 2-D pointer block (the bias broadcasts along a stride-0 dimension) to match the mask
-        offset = f"{_offset(p.bias, 'bidx', 'rm[:, None]', 'rn[None, :]')} + tl.zeros([BLOCK_M, BLOCK_N], tl.int32)"
+        offset = f"{operand_offset(p.bias, 'bidx', 'rm[:, None]', 'rn[None, :]')} + tl.zeros([BLOCK_M, BLOCK_N], tl.int32)"
         bias = cg.widen(f"tl.load(c_ptr + ({offset}), mask=xmask)", p.bias.dtype)
         value = f"{value} + {bias}" if p.beta == 1 else f"{value} + {float(p.beta)!r} * {bias}"
     w.line(f"mmv = {value}")
@@ -169,7 +169,7 @@ def _epilogue(p: GemmProblem, cg: _EpilogueCodegen, w: SourceWriter) -> None:
     full = "tl.zeros([BLOCK_M, BLOCK_N], tl.int32)"
     if p.epilogue is None:
         stored = cg.to_storage("mmv", p.out.dtype) if p.out.dtype != torch.float32 else "mmv"
-        w.line(f"tl.store(out_ptr + ({_offset(p.out, 'bidx', 'rm[:, None]', 'rn[None, :]')}), {stored}, mask=xmask)")
+        w.line(f"tl.store(out_ptr + ({operand_offset(p.out, 'bidx', 'rm[:, None]', 'rn[None, :]')}), {stored}, mask=xmask)")
         return
     if p.op == "bmm":
         w.line(f"x0 = bidx + {full}")
@@ -190,7 +190,7 @@ def _epilogue(p: GemmProblem, cg: _EpilogueCodegen, w: SourceWriter) -> None:
             cg.store(m, var, w)
 
 
-def _finish(p: GemmProblem, c: TritonGemmConfig, cg: _EpilogueCodegen, w: SourceWriter, name: str,
+def finish_source(p: GemmProblem, c: TritonGemmConfig, cg: EpilogueCodegen, w: SourceWriter, name: str,
             tiles: int) -> GeneratedKernel:
     if cg.symbols or cg.host or cg.gather_indices:
         raise NotImplementedError("a GEMM epilogue with run-time sizes or gathers")
@@ -225,7 +225,7 @@ def _finish(p: GemmProblem, c: TritonGemmConfig, cg: _EpilogueCodegen, w: Source
         ("constexprs", constexprs),
         ("num_warps", c.num_warps),
         ("num_stages", c.num_stages),
-        ("index_dtype", "int64" if _largest_offset(p) > INT32_LIMIT else "int32"),
+        ("index_dtype", "int64" if largest_offset(p) > INT32_LIMIT else "int32"),
         ("unaligned", tuple(names)),  # program inputs and views may be unaligned: checked at launch
     )
     grid = (sympy.Integer(tiles), sympy.Integer(p.batch))
