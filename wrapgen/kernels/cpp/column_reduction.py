@@ -8,6 +8,11 @@ feature, one scalar accumulator, nothing to vectorize. Here the output is cut in
 reduced loop, outside, feeds them a contiguous `BLOCK`-wide slice of each row (the simd loop),
 so every load is contiguous and every row is read once per block. The sum of each output
 element still runs over the reduced elements in order (accumulating in the same type).
+
+A sum that reads another sum's result (a variance after its mean: batch-norm statistics over an
+NHWC activation, where the channel is the contiguous kept dimension) runs in a later pass over
+the reduced elements: each pass ends with the block's results (and the per-element work on
+them) held in `BLOCK`-wide arrays, which the next pass's sums read at their element.
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ BLOCK = 16  # output elements per block: one or two vector registers of float
 
 def is_column_reduction(group: FusionGroup) -> bool:
     """Sums (and per-element work on their results) whose loads are contiguous along the
-    innermost kept dimension (coefficient 1) and not along the innermost reduced dimension; no
-    sum reads another result of the group (that would need a second pass)."""
+    innermost kept dimension (coefficient 1) and not along the innermost reduced dimension; a
+    sum may read the group's earlier results (a later pass, see `passes`)."""
     if not group.rows or not group.reduced or not group.members:
         return False
     sums = [m for m in group.members if m.level == "reduction"]
@@ -31,13 +36,15 @@ def is_column_reduction(group: FusionGroup) -> bool:
         return False
     if any(m.node.reduction != "sum" or not m.node.dtype.is_floating_point for m in sums):
         return False
+    if passes(group) is None:
+        return False
     x0, inner = row_vars(len(group.rows))[-1], red_vars(len(group.reduced))[-1]
     produced = {m.node.name for m in group.members}
     columns = False
     for m in sums:
         for load in loads(m.node.body):
             if load.buffer in produced:
-                return False  # a sum of another sum of this group needs two passes
+                continue  # an earlier pass's result, read at the sum's own element
             step = _coefficient(load, x0)
             if step is None or step not in (0, 1):
                 return False
@@ -47,6 +54,21 @@ def is_column_reduction(group: FusionGroup) -> bool:
                     return False  # contiguous along the reduction: the row-wise kernel suits it
                 columns = True
     return columns
+
+
+def passes(group: FusionGroup) -> dict[str, int] | None:
+    """Each member's pass over the reduced elements: a sum's is one more than the latest pass of
+    the group's results it reads, a per-element member's the latest it reads (0: reads none);
+    None when a member reads a later one."""
+    position = {m.node.name: i for i, m in enumerate(group.members)}
+    out: dict[str, int] = {}
+    for m in group.members:
+        reads = [ld.buffer for ld in loads(m.node.body) if ld.buffer in position]
+        if any(position[b] >= position[m.node.name] for b in reads):
+            return None
+        latest = max((out[b] for b in reads), default=0)
+        out[m.node.name] = latest + 1 if m.level == "reduction" else latest
+    return out
 
 
 def _coefficient(load: Load, var: sympy.Symbol) -> int | None:
@@ -80,7 +102,28 @@ class ColumnReductionCodegen(CppKernelCodegen):
         body.line(f"for (int64_t xb = 0; xb < {extent}; xb += {BLOCK}) {{")
         body.depth += 1
         body.line(f"const int64_t xe = std::min<int64_t>(xb + {BLOCK}, {extent});")
-        sums = [m for m in g.members if m.level == "reduction"]
+        order = passes(g)
+        assert order is not None
+        read = {ld.buffer for m in g.members for ld in loads(m.node.body)}
+        held: dict[str, str] = {}  # the block's results of a member another reads (maybe a later pass's)
+        for m in g.members:
+            if m.node.name in read and max(order.values()) > 1:
+                held[m.node.name] = f"blk{self.tmp()}"
+                value_dtype = m.node.dtype if m.level == "reduction" else m.node.body.dtype
+                body.line(f"{ctype(value_dtype)} {held[m.node.name]}[{BLOCK}];")
+        for number in range(1, max(order.values()) + 1):
+            self._pass(g, number, order, held, x0, body)
+        for _ in range(len(xs)):
+            body.depth -= 1
+            body.line("}")
+        return self._finish(body)
+
+    def _pass(self, g: FusionGroup, number: int, order: dict[str, int], held: dict[str, str], x0: sympy.Symbol,
+              body: _Writer) -> None:
+        """One pass over the reduced elements for the sums of pass `number`, then the per-element
+        work of that pass (and, in the first, of pass 0), each result stored and, where a later
+        sum reads it, kept in its block array."""
+        sums = [m for m in g.members if m.level == "reduction" and order[m.node.name] == number]
         accs = {}
         for m in sums:
             acc = f"acc{self.tmp()}"
@@ -92,29 +135,33 @@ class ColumnReductionCodegen(CppKernelCodegen):
         body.line("#pragma omp simd")
         body.line(f"for (int64_t {x0} = xb; {x0} < xe; ++{x0}) {{")
         body.depth += 1
+        earlier = {name: f"{array}[{x0} - xb]" for name, array in held.items() if order[name] < number}
         memo: dict = {}
         for m in sums:
-            var = self.value(m.node.body, memo, {}, body)
+            var = self.value(m.node.body, memo, dict(earlier), body)
             body.line(f"{accs[m.node.name]}[{x0} - xb] += static_cast<{ctype(m.node.acc_dtype)}>({var});")
         for _ in range(len(g.reduced) + 1):
             body.depth -= 1
             body.line("}")
         body.line(f"for (int64_t {x0} = xb; {x0} < xe; ++{x0}) {{")
         body.depth += 1
-        local: dict[str, str] = {}
+        local: dict[str, str] = dict(earlier)
         row_memo: dict = {}
-        for m in g.members:  # the sums in order, with the per-element work that follows them
+        for m in g.members:  # this pass's sums in order, with the per-element work that follows them
+            mine = order[m.node.name] == number or (number == 1 and order[m.node.name] == 0)
+            if not mine:
+                continue
             if m.level == "reduction":
                 var = self.tmp()
                 body.line(f"const {ctype(m.node.dtype)} {var} = static_cast<{ctype(m.node.dtype)}>({accs[m.node.name]}[{x0} - xb]);")
             else:
                 var = self.value(m.node.body, row_memo, local, body)
             local[m.node.name] = var
+            if m.node.name in held:
+                body.line(f"{held[m.node.name]}[{x0} - xb] = {var};")
             self.store(m, var, body)
-        for _ in range(len(xs) + 1):
-            body.depth -= 1
-            body.line("}")
-        return self._finish(body)
+        body.depth -= 1
+        body.line("}")
 
 
 def generate_cpp_kernel(group: FusionGroup, name: str, needed: set[str], dtypes: dict, hints: dict | None = None,
