@@ -339,3 +339,80 @@ def test_sequential_whose_input_is_named_input(on_cpu, target):
     model = _eval(nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
                                 nn.Flatten(), nn.Linear(8 * 4 * 4, 10)))
     _check(model, torch.randn(4, 3, 8, 8), target, rtol=1e-4, atol=1e-4)
+
+
+# -- CPU training: saved activations stay channels-last -------------------------------------------
+
+
+class PoolNet(nn.Module):
+    """A ResNet stem and block in train mode: conv-bn-relu, max pool (saves its indices), conv-bn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.pool = nn.MaxPool2d(3, stride=2, padding=1)
+        self.c2, self.b2 = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        y = self.pool(torch.relu(self.b1(self.c1(x))))
+        return torch.relu(self.b2(self.c2(y)) + y).mean((2, 3))
+
+
+def _train_steps(target: str, steps: int = 2) -> None:
+    eager = PoolNet().train()
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="wrapgen", options={"target": target}, fullgraph=True)
+    for _ in range(steps):
+        x = torch.randn(2, 3, 12, 12)
+        x_e, x_c = x.clone().requires_grad_(), x.clone().requires_grad_()
+        loss_e, loss_c = eager(x_e).square().sum(), compiled(x_c).square().sum()
+        loss_e.backward()
+        loss_c.backward()
+        torch.testing.assert_close(loss_c, loss_e, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(x_c.grad, x_e.grad, rtol=1e-4, atol=1e-4)
+        for p_c, p_e in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-4, atol=1e-4)
+        for b_c, b_e in zip(model.buffers(), eager.buffers()):  # running statistics, batches tracked
+            torch.testing.assert_close(b_c, b_e, rtol=1e-4, atol=1e-4)
+        eager.zero_grad()
+        model.zero_grad()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_cpu_training_keeps_saved_activations_channels_last(monkeypatch, target):
+    """On by default for CPU training steps (not the on_cpu fixture): the forward reports its saved
+    activations' NHWC strides to aot_autograd and the backward is re-traced at them, not copied back."""
+    import wrapgen.dynamo
+
+    reported: list[list] = []
+    report = wrapgen.dynamo._report_output_strides
+    monkeypatch.setattr(wrapgen.dynamo, "_report_output_strides", lambda s: (reported.append(list(s)), report(s)))
+
+    def no_copies(graph):
+        raise AssertionError("the backward copied its inputs back instead of re-tracing them")
+
+    monkeypatch.setattr(conv_layout, "_inputs_copied_back", no_copies)
+    torch._dynamo.reset()
+    _train_steps(target)
+    nhwc = [s for strides in reported for s in strides if s is not None and len(s) == 4 and s[1] == 1]
+    assert reported and nhwc, reported
+
+
+def test_cpu_training_backward_copies_its_inputs_back_where_it_cannot_retrace(monkeypatch):
+    """Re-tracing the backward at the forward's strides fails: its marked inputs are copied back to
+    the traced layout first, and the step is still eager's."""
+    real = conv_layout._Rewriter
+
+    class Failing(real):
+        def run(self):
+            if not self.convs:  # the backward's re-trace
+                raise RuntimeError("planted")
+            return super().run()
+
+    copied = []
+    copy_back = conv_layout._inputs_copied_back
+    monkeypatch.setattr(conv_layout, "_Rewriter", Failing)
+    monkeypatch.setattr(conv_layout, "_inputs_copied_back", lambda graph: copied.append(1) or copy_back(graph))
+    torch._dynamo.reset()
+    _train_steps("python", steps=1)
+    assert copied

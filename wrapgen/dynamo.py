@@ -142,9 +142,16 @@ def wrapgen_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dic
         gm = run_passes(TRACED_PASSES, gm, "dynamo")  # before aot_autograd: the backward it derives sees them
 
     def compiler(name: str) -> Callable:
-        def compile_graph(graph: torch.fx.GraphModule, _inputs: list) -> Callable:
+        def compile_graph(graph: torch.fx.GraphModule, inputs: list) -> Callable:
             with config.patch(settings):
-                return compile_aten_graph(graph, name)
+                if name == "backward":
+                    mark_input_layouts(graph, inputs)
+                    return compile_aten_graph(graph, name)
+                saved, reported = _saved_outputs() if name == "forward" else None, []
+                with _training_forward(saved, reported):
+                    call = compile_aten_graph(graph, name)
+                _report_output_strides(reported)
+                return call
 
         return compile_graph
 
@@ -174,6 +181,60 @@ def wrapgen_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dic
     finally:
         _FORWARDS_TO_FINISH.reset(token)
     return compiled
+
+
+# -- saved activations at other strides (graph_passes/conv_layout.py) ------------------------------
+
+
+def _saved_outputs() -> slice | None:
+    """The slice of the forward's outputs that aot_autograd saves for the backward, or None."""
+    context = torch._guards.TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None)
+    try:
+        return metadata.tensors_saved_for_backwards_slice if metadata is not None else None
+    except (AttributeError, AssertionError):
+        return None
+
+
+@contextlib.contextmanager
+def _training_forward(saved: slice | None, reported: list):
+    from wrapgen.lowering.graph_passes.conv_layout import REPORTED_STRIDES, SAVED_OUTPUTS
+
+    tokens = SAVED_OUTPUTS.set(saved), REPORTED_STRIDES.set(reported)
+    try:
+        yield
+    finally:
+        SAVED_OUTPUTS.reset(tokens[0])
+        REPORTED_STRIDES.reset(tokens[1])
+
+
+def _report_output_strides(strides: list) -> None:
+    """Tell aot_autograd the strides the forward returns its outputs at, where the layout pass
+    changed some saved activations' (it then gives the backward's compiler its inputs so)."""
+    context = torch._guards.TracingContext.try_get()
+    if strides and context is not None and context.output_strides is not None:
+        context.output_strides.extend(strides)
+
+
+def mark_input_layouts(gm: torch.fx.GraphModule, inputs: list) -> None:
+    """Give the backward's placeholders the strides of the inputs aot_autograd compiles it for
+    (the forward's saved activations, as it returned them), keeping the traced value under
+    TRACED_LAYOUT for `propagate_input_layouts` to re-trace from. Only static strides."""
+    from wrapgen.lowering.graph_passes.conv_layout import TRACED_LAYOUT
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(inputs):
+        return
+    for node, value in zip(placeholders, inputs):
+        traced = node.meta.get("val")
+        if not (isinstance(value, torch.Tensor) and isinstance(traced, torch.Tensor)):
+            continue
+        strides, traced_strides = value.stride(), traced.stride()
+        if not all(isinstance(s, int) for s in (*strides, *traced_strides, *value.shape, *traced.shape)):
+            continue
+        if tuple(value.shape) == tuple(traced.shape) and tuple(strides) != tuple(traced_strides):
+            node.meta[TRACED_LAYOUT] = traced
+            node.meta["val"] = value
 
 
 def ensure_registered() -> None:

@@ -21,7 +21,7 @@ from wrapgen.lowering.graph_passes.attention_masks import float_attention_masks
 from wrapgen.lowering.graph_passes.broadcast_bmm import fold_broadcast_bmm
 from wrapgen.lowering.graph_passes.common_subexpressions import eliminate_common_subexpressions
 from wrapgen.lowering.graph_passes.constant_masks import drop_constant_masks
-from wrapgen.lowering.graph_passes.conv_layout import channels_last_convolutions
+from wrapgen.lowering.graph_passes.conv_layout import channels_last_convolutions, propagate_input_layouts
 from wrapgen.lowering.graph_passes.inplace_ops import split_inplace_ops
 from wrapgen.lowering.graph_passes.pipeline import GraphPass, run_passes
 from wrapgen.lowering.graph_passes.reinplace import scatter_in_place
@@ -52,9 +52,12 @@ def _drop_traced_masks(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 
 ATEN_PASSES: tuple[GraphPass, ...] = (
+    # a backward whose saved activations the forward returned channels-last: re-traced at those
+    # strides (always: the forward has already chosen them)
+    GraphPass("input_layouts", (), propagate_input_layouts),
     # repeated pure calls (a decoder's per-layer mask conversion) computed once
     GraphPass("common_subexpressions", (), eliminate_common_subexpressions),
-    # 2-d convolutions on CUDA read and write NHWC
+    # 2-d convolutions on CUDA (and in CPU training steps) read and write NHWC
     GraphPass("conv_layout", ("layout_optimization",), channels_last_convolutions),
     # bmm against one broadcast matrix: one mm
     GraphPass("broadcast_bmm", (), fold_broadcast_bmm),

@@ -16,13 +16,20 @@ calls), so they are copied on every call, by a generated kernel, as Inductor doe
 freezing; 1x1 weights are channels-last as they are and are not copied.
 
 Where the layout would change what a program observes it is put back: a graph output (eager
-returns the original strides; a training graph's saved tensors must match what its backward was
-traced with), and a view whose meaning depends on strides (`as_strided`, a `view` that the new
-strides cannot express). Graphs whose outputs would need many such copies (a training forward
-saves most activations) are left alone: the copies would cost more than the transposes.
+returns the original strides), and a view whose meaning depends on strides (`as_strided`, a
+`view` that the new strides cannot express). A training forward's saved activations are outputs
+too, two or three per convolution: on CUDA the forward is left alone (copying them back would
+cost more than the transposes). On the CPU (`KEEP_SAVED_DEVICES`), where mkldnn's NCHW
+convolutions and eager's NCHW max pooling are slower than their channels-last kernels, they stay
+channels-last, as Inductor keeps them: the forward's compiler reports their strides to
+aot_autograd (`SAVED_OUTPUTS`, `REPORTED_STRIDES`, set by the dynamo backend), which hands the
+backward's compiler its inputs at those strides; `propagate_input_layouts` re-traces the backward
+from them (its convolution backwards then read NHWC too), or, where it cannot, copies them back.
 """
 
 from __future__ import annotations
+
+from contextvars import ContextVar
 
 import torch
 import torch.fx
@@ -32,6 +39,17 @@ from wrapgen.lowering.capture import CapturedGraph, fake_value, graph_fake_mode,
 # Devices on which the rewrite runs. CPU is left out: on the small ResNet config the per-call
 # weight copies cost more than mkldnn's transposes save (benchmarks/conv_layout_ab.py, README).
 DEVICES = frozenset({"cuda"})
+# Devices on which a training forward's convolutions run channels-last with its saved activations
+# left so (see the module's docstring); a CPU training step's convolutions and max pooling then run
+# channels-last in forward and backward.
+KEEP_SAVED_DEVICES = frozenset({"cpu"})
+# Set by the dynamo backend while it compiles a training forward: the slice of its outputs that are
+# saved for the backward; and a list the pass fills with every output's strides when it kept some
+# saved ones channels-last (for aot_autograd's TracingContext.output_strides).
+SAVED_OUTPUTS: ContextVar[slice | None] = ContextVar("wrapgen_saved_outputs", default=None)
+REPORTED_STRIDES: ContextVar[list | None] = ContextVar("wrapgen_reported_strides", default=None)
+# meta key of a backward input whose strides aot_autograd changed to the forward's: its traced value
+TRACED_LAYOUT = "wrapgen_traced_layout"
 
 # Views whose result does not depend on how the base is laid out (they fail rather than read
 # other elements when the strides cannot express them); any other view of a tensor whose
@@ -84,19 +102,72 @@ def channels_last_convolutions(captured: CapturedGraph, devices: frozenset[str] 
     """`captured` with its 2-d convolutions in channels-last (a new graph), or `captured` itself
     when nothing qualifies or the rewrite would not pay (`config.layout_optimization` switches
     the pass on, in graph_passes' list)."""
-    devices = DEVICES if devices is None else devices
+    saved = SAVED_OUTPUTS.get()
+    if devices is None:
+        devices = DEVICES | (KEEP_SAVED_DEVICES if saved is not None else frozenset())
     graph = captured.graph_module.graph
     convs = [n for n in graph.nodes if is_conv2d(n, devices)]
     if not convs or 2 * sum(_grouped(n) for n in convs) > len(convs):
         return captured
     mutated_outputs = frozenset(captured.mutations)
+    outputs = _output_values(graph)
+    keep = frozenset()
+    if saved is not None and any(is_conv2d(n, KEEP_SAVED_DEVICES) for n in convs):
+        keep = frozenset(range(*saved.indices(len(outputs))))
     try:
-        rewritten, restores = _Rewriter(graph, set(convs), mutated_outputs).run()
+        rewritten, restores = _Rewriter(graph, set(convs), mutated_outputs, keep).run()
     except Exception:  # _Abort, or an op fake tensors cannot re-trace: the graph as it is is correct
         return captured
     if not pays(len(convs), restores):
         return captured
+    reported = REPORTED_STRIDES.get()
+    if keep and reported is not None:
+        reported[:] = [tuple(v.stride()) if isinstance(v, torch.Tensor) else None for v in _output_values(rewritten)]
     return with_graph(captured, rewritten)
+
+
+def _output_values(graph: torch.fx.Graph) -> list[object]:
+    values = next(n for n in graph.nodes if n.op == "output").args[0]
+    flat = list(values) if isinstance(values, (list, tuple)) else [values]
+    return [v.meta.get("val") if isinstance(v, torch.fx.Node) else v for v in flat]
+
+
+def propagate_input_layouts(captured: CapturedGraph) -> CapturedGraph:
+    """A backward whose inputs aot_autograd gave the strides the forward returned them at (marked
+    TRACED_LAYOUT): every value downstream re-traced at them, outputs at their traced strides; or,
+    where re-tracing fails, the marked inputs copied back to their traced layout first (always
+    correct)."""
+    graph = captured.graph_module.graph
+    marked = [n for n in graph.nodes if n.op == "placeholder" and TRACED_LAYOUT in n.meta]
+    if not marked:
+        return captured
+    try:
+        rewritten, _ = _Rewriter(graph, set(), frozenset(captured.mutations), frozenset()).run()
+    except Exception:  # noqa: BLE001 - the copies below are correct whatever the graph holds
+        rewritten = _inputs_copied_back(graph)
+    return with_graph(captured, rewritten)
+
+
+def _inputs_copied_back(graph: torch.fx.Graph) -> torch.fx.Graph:
+    new = torch.fx.Graph()
+    new._codegen = graph._codegen
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    fake_mode = graph_fake_mode(graph)
+    for node in graph.nodes:
+        copied = new.node_copy(node, lambda n: env[n])
+        env[node] = copied
+        traced = copied.meta.pop(TRACED_LAYOUT, None)
+        if traced is None:
+            continue
+        layout = torch.channels_last if traced.is_contiguous(memory_format=_CHANNELS_LAST) else torch.contiguous_format
+        clone = new.create_node("call_function", torch.ops.aten.clone.default, (copied,), {"memory_format": layout},
+                                f"{node.name}_traced_layout")
+        clone.meta["val"] = fake_value(clone, fake_mode)
+        if tuple(clone.meta["val"].stride()) != tuple(traced.stride()):
+            raise _Abort(f"{node.name}: its traced layout {traced.stride()} cannot be restored")
+        env[node] = clone
+    new.lint()
+    return new
 
 
 def pays(convs: int, restores: int) -> bool:
@@ -118,10 +189,12 @@ def _layout(value: object) -> object:
 class _Rewriter:
     """Copies the graph node by node, inserting layout copies and re-tracing changed nodes."""
 
-    def __init__(self, graph: torch.fx.Graph, convs: set[torch.fx.Node], mutated_outputs: frozenset[int]) -> None:
+    def __init__(self, graph: torch.fx.Graph, convs: set[torch.fx.Node], mutated_outputs: frozenset[int],
+                 keep_outputs: frozenset[int] = frozenset()) -> None:
         self.old = graph
         self.convs = convs
         self.mutated_outputs = mutated_outputs
+        self.keep_outputs = keep_outputs  # outputs that may leave in the new layout (saved activations)
         self.new = torch.fx.Graph()
         self.new._codegen = graph._codegen
         self.env: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -141,7 +214,11 @@ class _Rewriter:
             elif node.op == "call_function":
                 self._call(node)
             else:
-                self.env[node] = self.new.node_copy(node, lambda n: self.env[n])
+                new = self.env[node] = self.new.node_copy(node, lambda n: self.env[n])
+                traced = new.meta.pop(TRACED_LAYOUT, None)
+                if traced is not None:  # an input at other strides than traced: what reads it is re-traced
+                    self.changed.add(new)
+                    self.original[new] = traced
         self.new.lint()
         return self.new, self.restores
 
@@ -184,7 +261,8 @@ class _Rewriter:
         for index, value in enumerate(flat):
             mapped = torch.fx.map_arg(value, lambda n: self.env[n])
             # a mutation's new value is copied into its input (any layout); others keep eager's strides
-            if isinstance(mapped, torch.fx.Node) and mapped in self.changed and index not in self.mutated_outputs:
+            if (isinstance(mapped, torch.fx.Node) and mapped in self.changed and index not in self.mutated_outputs
+                    and index not in self.keep_outputs):
                 mapped = self._restore(mapped)
             out.append(mapped)
         result = type(values)(out) if isinstance(values, (list, tuple)) else out[0]
