@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -197,7 +197,7 @@ def _saved_outputs() -> slice | None:
 
 
 @contextlib.contextmanager
-def _training_forward(saved: slice | None, reported: list):
+def _training_forward(saved: slice | None, reported: list) -> Iterator[None]:
     from wrapgen.lowering.graph_passes.conv_layout import REPORTED_STRIDES, SAVED_OUTPUTS
 
     tokens = SAVED_OUTPUTS.set(saved), REPORTED_STRIDES.set(reported)
