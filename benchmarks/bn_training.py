@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
     step_rounds.run_rounds(rows, measures, args.rounds, _progress)
     described = {"model": f"{size_text}, in train mode, {args.dtype}, "
                           f"{sum(p.numel() for p in base.parameters()):,} parameters, {bn_layers} batch norms "
-                          f"({type(base).__module__.split('.')[0]})"}
+                          f"({type(getattr(base, 'model', base)).__module__.split('.')[0]})"}
     return list(rows.values()), described
 
 
