@@ -42,6 +42,10 @@ typedef int32_t (*WgRunArrayRefFn)(
     char* message,
     int64_t message_size);
 
+// What output i must be (a package's outputs have fixed shapes): the caller allocates that much.
+// Returns 0, or 1 when i is out of range. `*sizes` points at `*rank` values owned by the library.
+typedef int32_t (*WgArrayRefOutputFn)(int64_t i, int32_t* dtype, int32_t* rank, const int64_t** sizes);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif
