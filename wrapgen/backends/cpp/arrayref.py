@@ -18,6 +18,7 @@ from wrapgen.backends.cpp.emitter import CppEmitter
 from wrapgen.backends.cpp.exprs import UnprintableExpr, cpp_int_list, dtype_code
 from wrapgen.backends.cpp.extern import CannotExpress
 from wrapgen.errors import UnsupportedLineError
+from wrapgen.wrapper_ir.layout import EnsureStrides
 from wrapgen.wrapper_ir.lines import (
     Allocate,
     AllocateFromPool,
@@ -41,7 +42,7 @@ from wrapgen.wrapper_ir.values import TensorRef, TensorType, contiguous_strides
 ALIGN = 64
 # Arenas up to this size live on the stack of the calling thread; larger ones in a per-thread buffer.
 STACK_ARENA_BYTES = 64 * 1024
-_SUPPORTED = (Allocate, AllocateFromPool, AssertInput, BindSymbol, Comment, ExternKernel, Free, KernelCall,
+_SUPPORTED = (Allocate, AllocateFromPool, AssertInput, BindSymbol, Comment, EnsureStrides, ExternKernel, Free, KernelCall,
               KernelDefinition, MultiOutput, Output, Reinterpret, ReuseBuffer, SymbolicCallArg)
 
 
@@ -82,6 +83,11 @@ class ArrayRefEmitter(CppEmitter):
                 raise ArrayRefRefused(f"arrayref=True cannot serve constant {c.name}: on {c.type.device}, not the CPU")
         self.pointers: dict[str, str] = {}  # tensor name -> C expression of its first byte
         self.tensors: set[str] = set()  # names held as wrapgen::Tensor (library results)
+        # A library result's memory is its tensor's: it is released once neither it nor any view
+        # of it (a pointer into it) is live. name -> the library result it points into, and
+        # result -> its live names.
+        self.owner: dict[str, str] = {}
+        self.live: dict[str, set[str]] = {}
         self.arena = 0
         self.output_slots = {v.name: i for i, v in enumerate(program.outputs) if isinstance(v, TensorRef)}
         self.in_place_outputs: set[int] = set()
@@ -90,9 +96,13 @@ class ArrayRefEmitter(CppEmitter):
         for number, c in enumerate(program.constants):
             self._pointer(c.name, f"wrapgen::data_of(constants[{number}])")
 
-    def _pointer(self, name: str, expr: str) -> None:
+    def _pointer(self, name: str, expr: str, source: str | None = None) -> None:
         self.writeline(f"char* p_{name} = {expr};")
         self.pointers[name] = f"p_{name}"
+        root = name if name in self.tensors else self.owner.get(source) if source is not None else None
+        if root is not None:
+            self.owner[name] = root
+            self.live.setdefault(root, set()).add(name)
 
     def _type(self, line: WrapperLine, name: str) -> tuple[TensorType, tuple[int, ...], tuple[int, ...]]:
         t = self.types.get(name)
@@ -139,25 +149,33 @@ class ArrayRefEmitter(CppEmitter):
 
     def emit_reuse_buffer(self, line: ReuseBuffer) -> None:
         self._type(line, line.name)
-        self._pointer(line.name, self.pointers[line.source])
+        self._pointer(line.name, self.pointers[line.source], line.source)
 
     def emit_allocate_from_pool(self, line: AllocateFromPool) -> None:
         self._type(line, line.name)
         offset = _static((line.offset,))
         if offset is None:
             raise self.refuse(line, "a pool offset that is not a constant")
-        self._pointer(line.name, f"{self.pointers[line.pool]} + {offset[0]}")
+        self._pointer(line.name, f"{self.pointers[line.pool]} + {offset[0]}", line.pool)
 
     def emit_reinterpret(self, line: Reinterpret) -> None:
         t, _, _ = self._type(line, line.name)
         offset = _static((line.offset,))
         if offset is None:
             raise self.refuse(line, "a view offset that is not a constant")
-        self._pointer(line.name, f"{self.pointers[line.source]} + {offset[0] * t.dtype.itemsize}")
+        self._pointer(line.name, f"{self.pointers[line.source]} + {offset[0] * t.dtype.itemsize}", line.source)
 
     def emit_free(self, line: Free) -> None:
-        if line.name in self.tensors:
-            self.writeline(f"t_{line.name}.reset();")
+        if line.name in self.tensors and not self._is_tensor_name(line.name):
+            self.writeline(f"t_{line.name} = wrapgen::Value();")  # a tuple result: its items hold their own references
+            return
+        root = self.owner.get(line.name)
+        if root is None:
+            return
+        names = self.live[root]
+        names.discard(line.name)
+        if not names:
+            self.writeline(f"t_{root}.reset();  // no view of it is left")
 
     def emit_kernel_call(self, line: KernelCall) -> None:
         definition = next((k for k in self.kernels if k.name == line.kernel), None)
@@ -198,6 +216,12 @@ class ArrayRefEmitter(CppEmitter):
         if isinstance(result, TensorType):
             self._type(line, line.name)
             self._pointer(line.name, f"wrapgen::data_of(t_{line.name}.get())")
+
+    def emit_ensure_strides(self, line: EnsureStrides) -> None:
+        if line.name not in self.tensors:
+            return  # a pointer of ours: laid out as the program says by construction
+        super().emit_ensure_strides(line)  # a library's result: copied if its layout differs
+        self.writeline(f"p_{line.name} = wrapgen::data_of(t_{line.name}.get());")
 
     def _wrap(self, line: WrapperLine, name: str) -> str:
         t, sizes, strides = self._type(line, name)
