@@ -115,9 +115,10 @@ class PackagedModel:
         self._out_spec = pytree.treespec_loads(self.metadata["out_spec"]) if self.metadata.get("out_spec") else None
         self._output_kind = self.metadata.get("output_kind", "tuple")
         self._origins = {c["origin"] or c["name"]: c["name"] for c in self.metadata["constants"]}
+        self._flat = self._in_spec is None or _flat_positional(self._in_spec)  # known once, not per call
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._in_spec is not None and (kwargs or not _flat_positional(self._in_spec)):
+        if self._in_spec is not None and (kwargs or not self._flat):
             flat, spec = pytree.tree_flatten((args, kwargs))
             if spec != self._in_spec:
                 raise TypeError(f"arguments do not have the structure the package was compiled for: {spec}")

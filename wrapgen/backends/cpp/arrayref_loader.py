@@ -27,23 +27,26 @@ _MESSAGE_SIZE = 1024
 
 
 class _Call:
-    """One call's C memory (descriptors, sizes, message), reused: each call takes a free one."""
+    """One call's C memory (descriptors, then the sizes they point at, and the message), reused:
+    each call takes a free one, so threads never share one."""
 
-    __slots__ = ("buffer", "address", "message", "arguments")
+    __slots__ = ("buffer", "message", "arguments", "sizes")
 
-    def __init__(self, n: int, m: int, max_rank: int) -> None:
+    def __init__(self, n: int, m: int, ranks: list[int]) -> None:
         arrays = _ARRAY.size * (n + m)
-        self.buffer = ctypes.create_string_buffer(arrays + 8 * max_rank * (n + m))
-        self.address = ctypes.addressof(self.buffer)
+        self.buffer = ctypes.create_string_buffer(arrays + 8 * max(1, sum(ranks)))
+        address = ctypes.addressof(self.buffer)
+        self.sizes = []  # the address of each argument's sizes
+        at = address + arrays
+        for rank in ranks:
+            self.sizes.append(at)
+            at += 8 * rank
         self.message = ctypes.create_string_buffer(_MESSAGE_SIZE)
         self.arguments = (
-            ctypes.c_void_p(self.address), ctypes.c_int64(n),
-            ctypes.c_void_p(self.address + _ARRAY.size * n), ctypes.c_int64(m),
+            ctypes.c_void_p(address), ctypes.c_int64(n),
+            ctypes.c_void_p(address + _ARRAY.size * n), ctypes.c_int64(m),
             ctypes.c_void_p(ctypes.addressof(self.message)), ctypes.c_int64(_MESSAGE_SIZE),
         )
-
-    def sizes_address(self, slot: int, n: int, m: int, max_rank: int) -> int:
-        return self.address + _ARRAY.size * (n + m) + 8 * max_rank * slot
 
 
 class ArrayRefModel:
@@ -59,43 +62,40 @@ class ArrayRefModel:
         self._entry.restype = ctypes.c_int32
         self._entry.argtypes = None
         meta = self.handles.metadata
-        self.inputs = [(s["name"], [int(v) for v in s["sizes"]]) for s in meta["inputs"]]
         if any(s["kind"] != "tensor" for s in meta["inputs"]):
             raise ModelLoadError(f"{library}: the array-ref entry takes tensors only")
+        self.inputs = [(s["name"], len(s["sizes"])) for s in meta["inputs"]]
         self.outputs = [(_dtype(s["dtype"]), tuple(int(v) for v in s["sizes"])) for s in meta.get("arrayref_outputs", [])]
-        self._max_rank = max([8] + [len(s) for _, s in self.inputs] + [len(s) for _, s in self.outputs])
+        self._ranks = [r for _, r in self.inputs] + [len(sizes) for _, sizes in self.outputs]
+        n, m = len(self.inputs), len(self.outputs)
+        # One pack per call: every descriptor, then every size (the outputs' are fixed)
+        self._pack = struct.Struct("=" + "QiiQQ" * (n + m) + "q" * sum(self._ranks))
+        self._output_sizes = [v for _, sizes in self.outputs for v in sizes]
         self._free: list[_Call] = []
 
-    def _new_call(self) -> _Call:
-        n, m = len(self.inputs), len(self.outputs)
-        call = _Call(n, m, self._max_rank)
-        for j, (_, sizes) in enumerate(self.outputs):  # output shapes are fixed: packed once
-            at = call.sizes_address(n + j, n, m, self._max_rank)
-            struct.pack_into(f"={len(sizes)}q", call.buffer, at - call.address, *sizes)
-        return call
-
     def __call__(self, args: list) -> tuple:
-        n, m = len(self.inputs), len(self.outputs)
+        n = len(self.inputs)
         if len(args) != n:
             raise InputMismatchError(f"expected {n} inputs, got {len(args)}")
-        call = self._free.pop() if self._free else self._new_call()
+        call = self._free.pop() if self._free else _Call(n, len(self.outputs), self._ranks)
         try:
-            buffer, rank_cap = call.buffer, self._max_rank
+            fields: list = []
+            sizes: list = []
             for i, value in enumerate(args):
-                if not isinstance(value, torch.Tensor) or value.device.type != "cpu":
-                    raise InputMismatchError(f"input {i} ({self.inputs[i][0]}): expected a CPU tensor")
-                if not value.is_contiguous():
-                    raise InputMismatchError(f"input {i} ({self.inputs[i][0]}): not contiguous")
+                name, rank = self.inputs[i]
+                if not isinstance(value, torch.Tensor) or not value.is_cpu:
+                    raise InputMismatchError(f"input {i} ({name}): expected a CPU tensor")
                 shape = value.shape
-                if len(shape) > rank_cap:
-                    raise InputMismatchError(f"input {i} ({self.inputs[i][0]}): rank {len(shape)}, expected {len(self.inputs[i][1])}")
-                sizes = call.sizes_address(i, n, m, rank_cap)
-                struct.pack_into(f"={len(shape)}q", buffer, sizes - call.address, *shape)
-                _ARRAY.pack_into(buffer, _ARRAY.size * i, value.data_ptr(), DTYPE_CODES.get(value.dtype, -1), len(shape), sizes, 0)
-            results = [torch.empty(sizes, dtype=dtype) for dtype, sizes in self.outputs]
+                if len(shape) != rank:
+                    raise InputMismatchError(f"input {i} ({name}): expected rank {rank}, got {len(shape)}")
+                if not value.is_contiguous():
+                    raise InputMismatchError(f"input {i} ({name}): not contiguous")
+                fields += (value.data_ptr(), DTYPE_CODES.get(value.dtype, -1), rank, call.sizes[i], 0)
+                sizes += shape
+            results = [torch.empty(shape, dtype=dtype) for dtype, shape in self.outputs]
             for j, out in enumerate(results):
-                _ARRAY.pack_into(buffer, _ARRAY.size * (n + j), out.data_ptr(), DTYPE_CODES[out.dtype], out.dim(),
-                                 call.sizes_address(n + j, n, m, rank_cap), 0)
+                fields += (out.data_ptr(), DTYPE_CODES[out.dtype], len(self.outputs[j][1]), call.sizes[n + j], 0)
+            self._pack.pack_into(call.buffer, 0, *fields, *sizes, *self._output_sizes)
             constants = self.handles._constants  # one consistent set for this call
             status = self._entry(constants.array, constants.count, *call.arguments)
             if status != 0:
