@@ -93,6 +93,7 @@ class ArrayRefEmitter(CppEmitter):
         self.in_place_outputs: set[int] = set()
         for number, spec in enumerate(program.inputs):
             self._pointer(spec.name, f"static_cast<char*>(inputs[{number}].data)")
+        self.constant_numbers = {c.name: number for number, c in enumerate(program.constants)}
         for number, c in enumerate(program.constants):
             self._pointer(c.name, f"wrapgen::data_of(constants[{number}])")
 
@@ -224,6 +225,8 @@ class ArrayRefEmitter(CppEmitter):
         self.writeline(f"p_{line.name} = wrapgen::data_of(t_{line.name}.get());")
 
     def _wrap(self, line: WrapperLine, name: str) -> str:
+        if name in self.constant_numbers:  # packaged in the program's layout: the caller's tensor itself
+            return f"wrapgen::Tensor::borrow(constants[{self.constant_numbers[name]}])"
         t, sizes, strides = self._type(line, name)
         self.use_shim(dtype_code(t.dtype).removesuffix("()"))
         return f"wrapgen::wrap_array({self.pointers[name]}, {cpp_int_list(sizes)}, {cpp_int_list(strides)}, {dtype_code(t.dtype)})"
