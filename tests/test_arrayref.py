@@ -196,3 +196,49 @@ def test_cpp_example_calls_both_entries(packages, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "max |handle - arrayref|: 0\n" in done.stdout
     assert "array-ref entry:" in done.stdout
+
+
+def test_outputs_that_are_inputs_or_repeated_are_copied(tmp_path):
+    def f(x):
+        y = torch.sigmoid(x) * 2
+        return x, y, y
+
+    path = wrapgen.aot_compile(f, (torch.randn(3, 5),), tmp_path / "alias.wgpkg", arrayref=True)
+    runner = wrapgen.load_package(path, interface="arrayref")
+    x = torch.randn(3, 5)
+    got = runner(x)
+    for value, expected in zip(got, f(x)):
+        torch.testing.assert_close(value, expected)
+    assert got[0].data_ptr() != x.data_ptr()  # the caller's output memory, not the input
+
+
+def test_large_temporaries_use_the_per_thread_arena(tmp_path):
+    from wrapgen.api import optimize
+    from wrapgen.backends.cpp.arrayref import STACK_ARENA_BYTES, ArrayRefEmitter
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.GELU(), torch.nn.Linear(512, 8)).eval()
+    x = torch.randn(64, 64)
+    with torch.no_grad():
+        program = optimize(wrapgen.lower(model, (x,)), "cpp")
+        assert ArrayRefEmitter().arrayref_parts(program)["arena_bytes"] > STACK_ARENA_BYTES
+        path = wrapgen.aot_compile(model, (x,), tmp_path / "big.wgpkg", arrayref=True)
+    runner = wrapgen.load_package(path, interface="arrayref")
+    inputs = [torch.randn(64, 64) for _ in range(4)]
+    with torch.no_grad():
+        expected = [model(v) for v in inputs]
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for _ in range(20):
+                torch.testing.assert_close(runner(inputs[i]), expected[i])
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
