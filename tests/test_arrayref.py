@@ -242,3 +242,13 @@ def test_large_temporaries_use_the_per_thread_arena(tmp_path):
     for t in threads:
         t.join()
     assert not errors, errors[0]
+
+
+def test_update_weights_reaches_the_arrayref_entry(packages):
+    model, shape, path = packages["mlp"]
+    runner = wrapgen.load_package(path, interface="arrayref")
+    other = e2e.MLP().eval()
+    runner.update_weights({k: v for k, v in other.state_dict().items()})
+    x = torch.randn(shape)
+    with torch.no_grad():
+        torch.testing.assert_close(runner(x), other(x))

@@ -167,9 +167,11 @@ class PackagedModel:
             tensors.append(value.detach())
         handles = _to_handles(tensors) if tensors else []
         try:
-            self._model.update_constants(dict(zip(names, handles)))
+            self._model.update_constants(dict(zip(names, handles)))  # checks names and shapes
         finally:
             _from_handles(handles)
+        if self._arrayref is not None:  # its own binding of the constants: swapped the same way
+            self._arrayref.update_constants(dict(zip(names, tensors)))
 
     def live_handles(self) -> int:
         return self._model.live_handles()

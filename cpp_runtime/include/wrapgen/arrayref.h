@@ -31,7 +31,8 @@ typedef struct WgArray {
 // Runs the program: reads `inputs`, writes every output into the caller's memory at
 // `outputs[i].data` (nothing else is written outside the model's own memory). Returns 0, or a
 // WgErrorKind (1: a descriptor does not match; `message` names the argument) and writes no output.
-// Safe to call from many threads at once with the same constants.
+// Output memory must not overlap an input's: an output may be written before the last read of
+// an input. Safe to call from many threads at once with the same constants.
 typedef int32_t (*WgRunArrayRefFn)(
     void* const* constants,
     int64_t num_constants,

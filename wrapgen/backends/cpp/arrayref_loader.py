@@ -73,6 +73,21 @@ class ArrayRefModel:
         self._output_sizes = [v for _, sizes in self.outputs for v in sizes]
         self._free: list[_Call] = []
 
+    def update_constants(self, values: dict[str, torch.Tensor]) -> None:
+        """New values for some constants, copied into the layout the program was compiled for (the
+        entry reads their memory directly); calls in flight finish with the old set."""
+        current = self.handles._constants.values
+        new = []
+        for spec, old in zip(self.handles.metadata["constants"], current):
+            value = values.get(spec["name"])
+            if value is None:
+                new.append(old)
+                continue
+            if tuple(value.shape) != tuple(old.shape):
+                raise ValueError(f"constant {spec['name']}: expected shape {tuple(old.shape)}, got {tuple(value.shape)}")
+            new.append(torch.empty_strided(old.shape, old.stride(), dtype=old.dtype).copy_(value))
+        self.handles.set_constants(new)
+
     def __call__(self, args: list) -> tuple:
         n = len(self.inputs)
         if len(args) != n:
