@@ -5,6 +5,8 @@
     runner.update_weights(new_state_dict)                              # double-buffered, thread-safe
 
 The package runs without Python too: `wrapgen_runner PACKAGE INPUTS.bin` (CMakeLists.txt).
+With `aot_compile(..., arrayref=True)` it also has the array-ref entry (plain descriptors, no
+tensor handles per call): `load_package(path, interface="arrayref")`, docs/cpp-target.md.
 """
 
 from __future__ import annotations
