@@ -5,6 +5,8 @@
     runner.update_weights(new_state_dict)                              # double-buffered, thread-safe
 
 The package runs without Python too: `wrapgen_runner PACKAGE INPUTS.bin` (CMakeLists.txt).
+With `aot_compile(..., arrayref=True)` it also has the array-ref entry (plain descriptors, no
+tensor handles per call): `load_package(path, interface="arrayref")`, docs/cpp-target.md.
 """
 
 from __future__ import annotations
@@ -50,14 +52,23 @@ def aot_compile(
     example_inputs: Sequence[Any],
     package_path: str | Path,
     dynamic: bool = False,
+    arrayref: bool = False,
 ) -> str:
-    """Compile `model` for the C++ target into a package directory; returns its path."""
+    """Compile `model` for the C++ target into a package directory; returns its path.
+
+    arrayref=True adds the array-ref entry `wg_run_arrayref` (cpp_runtime/include/wrapgen/arrayref.h)
+    beside the handle entry: for CPU programs of static shapes, where a call should cost little more
+    than its arithmetic. A program it cannot serve raises ArrayRefRefused naming the line."""
     from wrapgen.api import _capture, optimize
     from wrapgen.lowering.lower import lower_captured
 
     captured = _capture(model, example_inputs, dynamic)
     program = optimize(lower_captured(captured), "cpp")
     emitter = CppEmitter()
+    if arrayref:
+        from wrapgen.backends.cpp.arrayref import ArrayRefEmitter
+
+        emitter.arrayref = ArrayRefEmitter().arrayref_parts(program)  # refuses before anything is built
     source, library = emitter.build(program)
     package = Path(package_path)
     package.mkdir(parents=True, exist_ok=True)
@@ -74,6 +85,7 @@ def aot_compile(
         out_spec=pytree.treespec_dumps(captured.out_spec) if captured.out_spec is not None else None,
         output_kind=captured.output_kind,
         memory_planning=config.memory_planning,
+        arrayref=arrayref,
     )
     write_metadata(package, metadata)
     write_manifest(package, (METADATA, "model.cpp", "model.so", "weights.bin"))
@@ -83,19 +95,32 @@ def aot_compile(
 class PackagedModel:
     """A loaded package: called like the original model; runs concurrently from many threads."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, interface: str = "handle") -> None:
         self.path = str(path)
         self.metadata = verify_package(path)  # before anything is mapped: a damaged file raises here
         check_compatible(self.metadata, self.path)
+        if interface not in ("handle", "arrayref"):
+            raise ValueError(f"interface must be 'handle' or 'arrayref', got {interface!r}")
+        self.interface = interface
+        self._arrayref = None
+        if interface == "arrayref":
+            if not self.metadata.get("arrayref"):
+                raise PackageError(f"{path} has no array-ref entry: build it with aot_compile(..., arrayref=True)")
+            from wrapgen.backends.cpp.arrayref_loader import ArrayRefModel
+            from wrapgen.packaging import read_tensor_file
+
+            weights = read_tensor_file(Path(path) / "weights.bin")
+            self._arrayref = ArrayRefModel(str(Path(path) / "model.so"), [weights[c["name"]] for c in self.metadata["constants"]])
         self._model = runtime_module().Model(str(Path(path) / "model.so"), str(Path(path) / "weights.bin"))
         self._inputs = self.metadata["inputs"]
         self._in_spec = pytree.treespec_loads(self.metadata["in_spec"]) if self.metadata.get("in_spec") else None
         self._out_spec = pytree.treespec_loads(self.metadata["out_spec"]) if self.metadata.get("out_spec") else None
         self._output_kind = self.metadata.get("output_kind", "tuple")
         self._origins = {c["origin"] or c["name"]: c["name"] for c in self.metadata["constants"]}
+        self._flat = self._in_spec is None or _flat_positional(self._in_spec)  # known once, not per call
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._in_spec is not None and (kwargs or not _flat_positional(self._in_spec)):
+        if self._in_spec is not None and (kwargs or not self._flat):
             flat, spec = pytree.tree_flatten((args, kwargs))
             if spec != self._in_spec:
                 raise TypeError(f"arguments do not have the structure the package was compiled for: {spec}")
@@ -112,6 +137,8 @@ class PackagedModel:
         """The flat calling convention: inputs in program order, outputs as a tuple."""
         from wrapgen.errors import InputMismatchError
 
+        if self._arrayref is not None:
+            return self._arrayref(flat)
         if len(flat) != len(self._inputs):
             raise InputMismatchError(f"expected {len(self._inputs)} inputs, got {len(flat)}")
         tensors = []
@@ -142,9 +169,11 @@ class PackagedModel:
             tensors.append(value.detach())
         handles = _to_handles(tensors) if tensors else []
         try:
-            self._model.update_constants(dict(zip(names, handles)))
+            self._model.update_constants(dict(zip(names, handles)))  # checks names and shapes
         finally:
             _from_handles(handles)
+        if self._arrayref is not None:  # its own binding of the constants: swapped the same way
+            self._arrayref.update_constants(dict(zip(names, tensors)))
 
     def live_handles(self) -> int:
         return self._model.live_handles()
@@ -153,10 +182,12 @@ class PackagedModel:
         return f"PackagedModel({self.path!r}, program={self.metadata.get('program')!r})"
 
 
-def load_package(path: str | Path) -> PackagedModel:
+def load_package(path: str | Path, interface: str = "handle") -> PackagedModel:
     """Load a package written by `aot_compile`. Checks first that every file is intact (sizes
-    and SHA-256 from its SHA256SUMS) and fits this runtime: PackageDamagedError / PackageError."""
-    return PackagedModel(path)
+    and SHA-256 from its SHA256SUMS) and fits this runtime: PackageDamagedError / PackageError.
+    interface="arrayref" calls the array-ref entry (packages built with arrayref=True): contiguous
+    CPU tensors in, new tensors out, a fraction of the handle entry's overhead."""
+    return PackagedModel(path, interface)
 
 
 def _flat_positional(spec: pytree.TreeSpec) -> bool:

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "wrapgen/arrayref.h"
 #include "wrapgen/runtime.h"
 #include "wrapgen/tensor_file.h"
 
@@ -52,6 +53,8 @@ class ModelLibrary {
     auto name_fn = symbol<WgConstantNameFn>("wg_constant_name");
     for (int64_t i = 0; i < num_constants_fn(); ++i) constant_names.emplace_back(name_fn(i));
     constant_device = reinterpret_cast<WgConstantDeviceFn>(dlsym(handle_, "wg_constant_device"));
+    run_arrayref = reinterpret_cast<WgRunArrayRefFn>(dlsym(handle_, "wg_run_arrayref"));
+    arrayref_output = reinterpret_cast<WgArrayRefOutputFn>(dlsym(handle_, "wg_arrayref_output"));
   }
   ModelLibrary(const ModelLibrary&) = delete;
   ModelLibrary& operator=(const ModelLibrary&) = delete;
@@ -67,6 +70,8 @@ class ModelLibrary {
   int64_t num_outputs = 0;
   std::vector<std::string> constant_names;
   WgConstantDeviceFn constant_device = nullptr;  // null: a library from before devices were recorded
+  WgRunArrayRefFn run_arrayref = nullptr;  // null: a package built without arrayref=True
+  WgArrayRefOutputFn arrayref_output = nullptr;
 
  private:
   template <typename Fn>
@@ -123,6 +128,21 @@ class ModelContainer {
     if (status != WG_OK) throw Error(status, message);
     outputs.resize(static_cast<size_t>(library_.num_outputs));
     return outputs;
+  }
+
+  // Runs the array-ref entry: outputs are written into the caller's memory. Throws Error (kind
+  // WG_INPUT_MISMATCH for a descriptor that does not match, naming it).
+  void run_arrayref(const WgArray* inputs, int64_t num_inputs, const WgArray* outputs, int64_t num_outputs) {
+    if (library_.run_arrayref == nullptr) throw Error(WG_RUNTIME_ERROR, "the package has no array-ref entry (aot_compile(..., arrayref=True))");
+    char message[1024] = {0};
+    int32_t status;
+    {
+      ConstantSet& set = acquire();
+      std::shared_lock<std::shared_mutex> reading(set.in_use, std::adopt_lock);
+      status = library_.run_arrayref(reinterpret_cast<void* const*>(set.handles.data()), static_cast<int64_t>(set.handles.size()),
+                                     inputs, num_inputs, outputs, num_outputs, message, sizeof(message));
+    }
+    if (status != WG_OK) throw Error(status, message);
   }
 
   // Double-buffered weight update: values (by constant name) are copied into the inactive set,

@@ -102,6 +102,8 @@ class CppEmitter(CppGraphRegions, EnsureStridesMixin, CppMultiKernelMixin, Emitt
     """Emits the C++ source of one program; `compile` builds and loads it."""
 
     name = "cpp"
+    # The array-ref entry's parts (arrayref.ArrayRefEmitter.arrayref_parts), rendered beside wg_run when set.
+    arrayref: dict | None = None
 
     # -- writing ------------------------------------------------------------------------------
     def writeline(self, text: str) -> None:
@@ -128,7 +130,7 @@ class CppEmitter(CppGraphRegions, EnsureStridesMixin, CppMultiKernelMixin, Emitt
     # -- program ------------------------------------------------------------------------------
     def begin(self, program: Program) -> None:
         self.body: list[str] = []
-        self.shims: set[str] = set(BASE_SHIMS)
+        self.shims: set[str] = set(BASE_SHIMS) | (self.arrayref["shims"] if self.arrayref else set())
         self.kernels: list[KernelDefinition] = []  # C++ kernels: built into the model library
         self.gpu_kernels: list[KernelDefinition] = []  # Triton kernels: binaries embedded, launched through the driver
         self.kernel_params: dict[str, str] = {}
@@ -176,6 +178,7 @@ class CppEmitter(CppGraphRegions, EnsureStridesMixin, CppMultiKernelMixin, Emitt
             constant_devices=[(device_type_code(c.type.device), device_index(c.type.device)) for c in program.constants],
             body=split_into_pieces(self.body),
             headers=sorted(self.headers),
+            arrayref=self.arrayref,
         )
 
     def metadata(self, program: Program) -> dict:
@@ -209,6 +212,8 @@ class CppEmitter(CppGraphRegions, EnsureStridesMixin, CppMultiKernelMixin, Emitt
             else:
                 outputs.append({"kind": "int"})
         forwarded = {"wrapgen_ops": sorted(self.collectives.forwarded)} if self.collectives.forwarded else {}
+        if self.arrayref:  # the array-ref entry's outputs: the caller allocates them
+            forwarded["arrayref_outputs"] = [{"dtype": o["torch_dtype"], "sizes": o["sizes"]} for o in self.arrayref["outputs"]]
         return {
             **forwarded,  # ops wrapgen defines (backends/cpp/collectives.py), registered by the loader
             "program": program.name,
