@@ -239,6 +239,10 @@ class ComputeNode:
     `target`, when set, names storage the program does not allocate for this node (an input, a
     constant, state, or a view of one) that the node writes in place: the node's own `name` is
     then only its identity in the scheduler, and nothing is allocated for it.
+
+    `store_indirect` binds data-dependent symbols of `store_index` (a scatter: `index_put_`,
+    `index_copy_` into a KV cache), as `Load.indirect` does for a read: a position outside
+    [0, size) stores nothing and is reported as a gather's is (mutation's `scatter_store.py`).
     """
 
     name: str
@@ -253,11 +257,21 @@ class ComputeNode:
     acc_dtype: torch.dtype | None = None
     origin: str = ""
     target: str | None = None
+    store_indirect: tuple[Indirect, ...] = ()
 
     @property
     def buffer(self) -> str:
         """The buffer the node's result is stored in."""
         return self.target or self.name
+
+
+def node_loads(node: ComputeNode) -> list[Load]:
+    """Every load a compute node makes: its body's, and those of its store's data-dependent
+    positions (the index tensor of a scatter)."""
+    found = loads(node.body)
+    for ind in node.store_indirect:
+        found += [ld for ld in loads(ind.value) if ld not in found]
+    return found
 
 
 # -- fusion groups: what the scheduler makes of compute nodes and kernel codegen reads ----------

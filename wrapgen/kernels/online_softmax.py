@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from wrapgen.kernels.segments import Item
-from wrapgen.loop_ir import Apply, Body, Load, Member, compute_dtype, free_cast, loads
+from wrapgen.loop_ir import Apply, Body, Load, Member, compute_dtype, free_cast, loads, node_loads
 
 
 def merge_online_softmax(items: list[Item], stored: set[str]) -> tuple[list[Item], dict[str, str], set[str]]:
@@ -64,7 +64,7 @@ def _pairs(first: list[Member], second: list[Member], inner: dict[str, Body], ro
         found[s.node.name] = maximum
     names = {m.node.name for m in feeding}
     for m in second:  # what feeds a merged sum feeds nothing else in its pass
-        if m.node.name not in found and any(ld.buffer in names for ld in loads(m.node.body)):
+        if m.node.name not in found and any(ld.buffer in names for ld in node_loads(m.node)):
             return {}, set()
     return found, names
 

@@ -7,7 +7,7 @@ member needs a reduction result of the open segment, which starts the next pass.
 
 from __future__ import annotations
 
-from wrapgen.loop_ir import FusionGroup, Member, loads
+from wrapgen.loop_ir import FusionGroup, Member, node_loads
 
 Item = tuple[str, list[Member]]  # ("row", [member]) | ("segment", [members...])
 
@@ -20,7 +20,7 @@ def segments(group: FusionGroup) -> list[Item]:
             open_segment = None
             items.append(("row", [m]))
             continue
-        deps = {ld.buffer for ld in loads(m.node.body)}
+        deps = {ld.buffer for ld in node_loads(m.node)}
         if open_segment is not None and not any(p.node.name in deps and p.level == "reduction" for p in open_segment):
             open_segment.append(m)
         else:
@@ -40,7 +40,7 @@ def in_place_pairs(group: FusionGroup, stored: set[str], dtypes: dict) -> tuple[
         return ()
     indices: dict[str, set] = {}
     for m in group.members:
-        for ld in loads(m.node.body):
+        for ld in node_loads(m.node):
             indices.setdefault(ld.buffer, set()).add(ld.index)
     produced = {m.node.name for m in group.members}
     return tuple(
@@ -56,7 +56,7 @@ def read_in_later_segment(items: list[Item], members: dict[str, Member]) -> set[
     out = set()
     for i, (_, ms) in enumerate(items):
         for m in ms:
-            for ld in loads(m.node.body):
+            for ld in node_loads(m.node):
                 producer = members.get(ld.buffer)
                 if producer is not None and producer.level == "inner" and where[ld.buffer] != i:
                     out.add(ld.buffer)
@@ -79,7 +79,7 @@ def parts_read_apart(group: FusionGroup) -> bool:
         return False
     seen: set[str] = set()
     for members in part_members(group):
-        read = {ld.buffer for m in members for ld in loads(m.node.body)}
+        read = {ld.buffer for m in members for ld in node_loads(m.node)}
         if read & seen:
             return False
         seen |= read

@@ -25,7 +25,7 @@ import sympy
 import torch
 
 from wrapgen import config
-from wrapgen.loop_ir import Load, loads, row_vars, walk
+from wrapgen.loop_ir import Load, loads, node_loads, row_vars, walk
 from wrapgen.lowering.scheduler import FusionGroup, schedule
 from wrapgen.wrapper_ir.lines import Allocate, Comment, ExternKernel, KernelCall, KernelDefinition, WrapperLine
 from wrapgen.wrapper_ir.values import TensorRef, TensorType
@@ -260,7 +260,7 @@ def _epilogue(extern, parts: dict, lines, groups, lowering, pending_type) -> tup
         rows = group_rows
     element = sympy.expand(sum(v * s for v, s in zip(row_vars(len(rows)), strides)))
     for m in group.members:
-        if any(isinstance(b, Load) and b.indirect for b in walk(m.node.body)):
+        if m.node.store_indirect or any(isinstance(b, Load) and b.indirect for b in walk(m.node.body)):
             return None, frozenset()
         for ld in loads(m.node.body):
             if ld.buffer == product and not same_element(ld.index, element, rows):
@@ -308,7 +308,7 @@ def _make_problem(parts: dict, group, needed, lowering, types):
         dtypes = lowering._buffer_dtypes()
         epilogue = Epilogue(group, needed, dtypes)
         for m in group.members:
-            for name in [ld.buffer for ld in loads(m.node.body)] + [m.node.name]:
+            for name in [ld.buffer for ld in node_loads(m.node)] + [m.node.name]:
                 t = types.get(name)
                 if name in layouts or name == parts["out"][0] or t is None:
                     continue

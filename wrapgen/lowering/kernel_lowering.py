@@ -29,6 +29,7 @@ from wrapgen.loop_ir import (
     LoopValue,
     compute_dtype,
     loads,
+    node_loads,
     red_vars,
     row_vars,
     size,
@@ -42,6 +43,7 @@ from wrapgen.lowering.loop_ops.recompute import numel
 from wrapgen.lowering.loop_order import reduction_order, reorder
 from wrapgen.lowering.multi_kernel import with_reduction_variants
 from wrapgen.lowering.mutation import MutationTracker, StateOrder, is_copy, writes_in_place, written_back
+from wrapgen.lowering.scatter_store import is_scatter_in_place, store_scatter
 from wrapgen.lowering.scheduler import FusionGroup, cluster_members, schedule
 from wrapgen.wrapper_ir.lines import (
     OBSERVED,
@@ -125,8 +127,8 @@ class KernelGraphLowering(GraphLowering):
             elif n.target is operator.getitem:
                 if n.args[0] in loop:
                     loop.add(n)
-            elif supported(n, self.device.type) and not self._excluded(n) or is_copy(n):
-                loop.add(n)  # a copy_ stores its (fused) source in place where it can (mutation.py)
+            elif supported(n, self.device.type) and not self._excluded(n) or is_copy(n) or is_scatter_in_place(n):
+                loop.add(n)  # a copy_ or scatter stores its (fused) source in place where it can (mutation.py)
         for n in reversed(nodes):  # a view is an index remap only if only loop code reads it
             if n in loop and op_key(n) in VIEW_OPS and any(u not in loop for u in n.users):
                 loop.discard(n)
@@ -174,6 +176,16 @@ class KernelGraphLowering(GraphLowering):
             self.values[node.args[1]] = self.realize(source, node.args[1].meta["val"], "copy_source")
         return super()._lower_call(node)
 
+    def _lower_scatter(self, node: torch.fx.Node) -> object:
+        stored = store_scatter(self, node)
+        if stored is not None:
+            return stored
+        for argument in node.all_input_nodes:  # the library call reads its operands from memory
+            if isinstance(self.values.get(argument), LoopValue):
+                self.values[argument] = self.realize(self.values[argument], argument.meta["val"], "scatter_source")
+                self.mutations.record(argument, self.values[argument])
+        return super()._lower_call(node)
+
     def _write_back(self, placeholder: str, value: object) -> None:
         """A functionalized mutation's new value stored into its input by the kernel computing it."""
         destination = self._placeholder_buffer(placeholder)
@@ -190,6 +202,8 @@ class KernelGraphLowering(GraphLowering):
     def _lower_node(self, node: torch.fx.Node) -> object:
         if is_copy(node):
             return self._lower_copy(node)
+        if is_scatter_in_place(node):
+            return self._lower_scatter(node)
         if node not in self.loop_nodes:
             return super()._lower_call(node)
         if node in self.static_checks:
@@ -350,7 +364,7 @@ class KernelGraphLowering(GraphLowering):
 
     def _add_compute(self, node: ComputeNode) -> None:
         self.compute[node.name] = node
-        reads = tuple(dict.fromkeys(ld.buffer for ld in loads(node.body)))
+        reads = tuple(dict.fromkeys(ld.buffer for ld in node_loads(node)))
         self.lines.append(PendingCompute(node.name, reads))
 
     # -- kernels -------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import sympy
 import torch
 import torch.fx
 
-from wrapgen.loop_ir import ComputeNode, Load, LoopValue, compute_dtype, loads, row_vars
+from wrapgen.loop_ir import ComputeNode, Load, LoopValue, compute_dtype, loads, node_loads, row_vars
 from wrapgen.lowering.graph_lowering import Buffer
 from wrapgen.lowering.scheduler import FusionGroup, Member, unit_vars
 from wrapgen.wrapper_ir.lines import WrapperLine
@@ -257,7 +257,7 @@ class StateOrder:
         for i, line in enumerate(lines):
             if isinstance(line, pending_type):
                 node = compute[line.name]
-                reads = {self.root(ld.buffer) for ld in loads(node.body)} & mutated
+                reads = {self.root(ld.buffer) for ld in node_loads(node)} & mutated
                 writes = {self.root(node.target)} if node.target else set()
                 self.node_reads[node.name], self.node_writes[node.name] = reads, writes
                 self.position[node.name] = i
@@ -287,6 +287,8 @@ class StateOrder:
                     return True
         if any(m.level != "row" and self.node_writes[m.node.name] for m in extended.members):
             return True  # inside a reduction's loop a later pass may recompute a value from it
+        if extended.reduced and any(m.node.store_indirect for m in extended.members):
+            return True  # scatters are stored by pointwise kernels only
         written = set().union(*(self.node_writes[m.node.name] for m in others))
         if self.node_reads[name] & written:
             return True  # a read of a storage after its write in the same kernel
@@ -294,9 +296,9 @@ class StateOrder:
             if root in written:
                 return True
             unit = unit_vars(extended)
-            store = Load(member.node.target, member.node.store_index, member.node.dtype)
+            store = Load(member.node.target, member.node.store_index, member.node.dtype, member.node.store_indirect)
             for m in others:
-                for ld in loads(m.node.body):
+                for ld in node_loads(m.node):
                     if self.root(ld.buffer) == root and (m.level != "row" or not _same_element(ld, store, unit)):
                         return True
         return False

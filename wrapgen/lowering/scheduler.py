@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import sympy
 
-from wrapgen.loop_ir import ComputeNode, FusionGroup, Load, Member, loads, red_vars, row_vars, substitute
+from wrapgen.loop_ir import ComputeNode, FusionGroup, Load, Member, node_loads, red_vars, row_vars, substitute
 
 Shape = tuple[sympy.Expr, ...]
 
@@ -40,6 +40,7 @@ def _mapped(node: ComputeNode, mapping: dict) -> ComputeNode:
         node,
         body=substitute(node.body, mapping),
         store_index=sympy.expand(sympy.sympify(node.store_index).xreplace(mapping)),
+        store_indirect=tuple(replace(i, value=substitute(i.value, mapping)) for i in node.store_indirect),
     )
 
 
@@ -86,7 +87,7 @@ def can_fuse(group: FusionGroup, node: ComputeNode) -> tuple[FusionGroup, Member
 
 def _reads_match(group: FusionGroup, member: Member) -> bool:
     unit = unit_vars(group)
-    for load in loads(member.node.body):
+    for load in node_loads(member.node):
         producer = group.member(load.buffer)
         if producer is None:
             continue
@@ -112,9 +113,9 @@ def unit_vars(group: FusionGroup) -> dict[sympy.Symbol, sympy.Integer]:
 def score_fusion(group: FusionGroup, node: ComputeNode) -> int:
     """Memory traffic a fusion saves, in reads: loads of the group's results, plus inputs shared."""
     produced = group.names()
-    group_inputs = {ld.buffer for m in group.members for ld in loads(m.node.body)}
+    group_inputs = {ld.buffer for m in group.members for ld in node_loads(m.node)}
     score = 1
-    for load in loads(node.body):
+    for load in node_loads(node):
         if load.buffer in produced:
             score += 4
         elif load.buffer in group_inputs:
@@ -193,7 +194,7 @@ def cluster_members(group: FusionGroup, root: Callable[[str], str] = lambda name
 
     owner: dict[str, int] = {}
     for i, m in enumerate(group.members):
-        touched = {root(m.node.name), root(m.node.buffer)} | {root(ld.buffer) for ld in loads(m.node.body)}
+        touched = {root(m.node.name), root(m.node.buffer)} | {root(ld.buffer) for ld in node_loads(m.node)}
         for key in touched & ordered:
             if key in owner:
                 parent[find(i)] = find(owner[key])
@@ -211,7 +212,7 @@ def cluster_members(group: FusionGroup, root: Callable[[str], str] = lambda name
 def _streams(group: FusionGroup) -> int:
     """Distinct buffers a group reads from memory or stores (its own results read back excluded)."""
     produced = group.names()
-    read = {ld.buffer for m in group.members for ld in loads(m.node.body)} - produced
+    read = {ld.buffer for m in group.members for ld in node_loads(m.node)} - produced
     return len(read | {m.node.buffer for m in group.members})
 
 

@@ -304,12 +304,31 @@ class CppKernelCodegen:
                 if load.indirect and all(_row_invariant(ind.value) for ind in load.indirect):
                     self._gather_index(load, memo, local, w)
 
-    def store(self, member: Member, var: str, w: _Writer) -> None:
+    def store(self, member: Member, var: str, w: _Writer, memo: dict | None = None,
+              local: dict[str, str] | None = None) -> None:
         if member.node.name in self.stored:
             node = member.node
             value_dtype = compute_dtype(node.dtype if node.reduction else node.body.dtype)
             index = self.hoisted.get(node.store_index, node.store_index)
-            w.line(f"{self.param(node.buffer, True)}[{self.index(index)}] = {narrow(var, value_dtype, node.dtype)};")
+            pointer, stored = self.param(node.buffer, True), narrow(var, value_dtype, node.dtype)
+            if not node.store_indirect:
+                w.line(f"{pointer}[{self.index(index)}] = {stored};")
+                return
+            # a scatter: positions read from data; one out of range stores nothing and sets the status
+            memo, local = memo if memo is not None else {}, local if local is not None else {}
+            mapping, bad = {}, []
+            for ind in node.store_indirect:
+                value = self.value(ind.value, memo, local, w)
+                name, size = self.tmp(), self.size(ind.size)
+                w.line(f"const int64_t {name} = static_cast<int64_t>({value});")
+                bad.append(f"{name} < 0 || {name} >= {size}")
+                symbol = sympy.Symbol(name, integer=True)
+                self.gather_indices.add(symbol)
+                mapping[ind.symbol] = symbol
+            flag = self.tmp()
+            w.line(f"const bool {flag} = {' || '.join(bad)};")
+            w.line(f"wg_bad_index |= {flag};")
+            w.line(f"if (!{flag}) {pointer}[{self.index(sympy.sympify(index).xreplace(mapping))}] = {stored};")
 
     # -- emission --------------------------------------------------------------------------
     def generate(self) -> GeneratedKernel:
@@ -340,7 +359,7 @@ class CppKernelCodegen:
                 m = ms[0]
                 var = self.value(m.node.body, memo, local, body)
                 local[m.node.name] = var
-                self.store(m, var, body)
+                self.store(m, var, body, memo, local)
             else:
                 self.segment(ms, memo, local, body)
         for _ in range(max(len(xs), 1)):

@@ -45,6 +45,7 @@ from wrapgen.loop_ir import (
     free_cast,
     is_loop_var,
     loads,
+    node_loads,
     red_vars,
     row_vars,
 )
@@ -172,7 +173,7 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
         can be folded away, e.g. a reduction over no dimension of a 0-dim tensor)."""
         pairs = in_place_pairs(self.group, self.stored, self.dtypes)
         if self.part_axis:  # parts run concurrently: only an input the last part alone reads
-            others = {ld.buffer for ms in part_members(self.group)[:-1] for m in ms for ld in loads(m.node.body)}
+            others = {ld.buffer for ms in part_members(self.group)[:-1] for m in ms for ld in node_loads(m.node)}
             pairs = tuple((out, src) for out, src in pairs if src not in others)
         return tuple((out, src) for out, src in pairs if out in self.written and src in self.read)
 
@@ -224,7 +225,7 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
             axes = self.axes(body.expr)
             text = f"({index}).to({compute_tl(body.dtype)})" if axes else f"tl.full([], {index}, {compute_tl(body.dtype)})"
         elif isinstance(body, Load) and body.indirect:
-            index = self._gather_index(body, memo, local, w, recompute)
+            index, _ = self._positions(body.index, body.indirect, memo, local, w, recompute, clamp=True)
             axes, mask = self.axes(index), self.mask(index)
             text = self.widen(f"tl.load({self.param(body.buffer, False)} + ({self.index(index)}){', ' + mask if mask else ''})", body.dtype)
         elif isinstance(body, Load):
@@ -250,27 +251,32 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
         self.var_axes[name] = axes
         return name
 
-    def _gather_index(self, load: Load, memo: dict, local: dict[str, str], w: SourceWriter, recompute: dict) -> sympy.Expr:
-        """The load's index with each data-dependent position computed into a block: a position
-        out of range fails a device assert (checked where Triton checks them: debug builds and
-        the interpreter) and reads position 0 instead, so no lane reads outside the buffer."""
-        mapping = {}
-        for ind in load.indirect:
+    def _positions(self, index: object, indirect: tuple, memo: dict, local: dict[str, str], w: SourceWriter,
+                   recompute: dict, clamp: bool) -> tuple[sympy.Expr, list[str]]:
+        """`index` with each data-dependent position computed into a block, and the blocks that
+        say each is in range. One out of range fails a device assert (checked where Triton checks
+        them: debug builds and the interpreter); a gather (`clamp`) then reads position 0, so no
+        lane reads outside the buffer, and a scatter masks its store with the in-range blocks."""
+        mapping, guards = {}, []
+        for ind in indirect:
             value = self.value(ind.value, memo, local, w, recompute)
             axes = self.var_axes.get(value, frozenset())
             name, size = self.tmp(), self.size(ind.size)
+            inside = self.tmp()
             w.line(f"{name} = ({value}).to(tl.int64)")
-            inside = f"(0 <= {name}) & ({name} < {size})"
+            w.line(f"{inside} = (0 <= {name}) & ({name} < {size})")
             lanes = [m for m, a in (("xmask", "x"), ("rmask", "r")) if a in axes
                      and (self.needs_xmask if a == "x" else self.reduction and self.needs_rmask)]
             live = " & ".join(lanes)
-            w.line(f"tl.device_assert(({inside}){f' | ~({live})' if live else ''}, 'index out of range')")
-            w.line(f"{name} = tl.where({inside}, {name}, 0)")
+            w.line(f"tl.device_assert({inside}{f' | ~({live})' if live else ''}, 'index out of range')")
+            if clamp:
+                w.line(f"{name} = tl.where({inside}, {name}, 0)")
+            guards.append(inside)
             self.var_axes[name] = axes
             symbol = sympy.Symbol(name, integer=True)
             self.gather_indices[symbol] = axes
             mapping[ind.symbol] = symbol
-        return sympy.sympify(load.index).xreplace(mapping)
+        return sympy.sympify(index).xreplace(mapping), guards
 
     def _block(self, var: str, dtype: torch.dtype, level: str) -> str:
         """`var` as a full block of the level's shape (a scalar, or a block along fewer axes,
@@ -284,23 +290,28 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
             return "[XBLOCK]"
         return "[XBLOCK, RBLOCK]" if level == "inner" else "[XBLOCK, 1]"
 
-    def store(self, member: Member, var: str, w: SourceWriter) -> None:
+    def store(self, member: Member, var: str, w: SourceWriter, memo: dict | None = None,
+              local: dict[str, str] | None = None) -> None:
         if member.node.name not in self.stored:
             return
         ptr = self.param(member.node.buffer, True)
-        index = self._flatten(sympy.expand(sympy.sympify(member.node.store_index)))
+        store_index, guards = member.node.store_index, []
+        if member.node.store_indirect:  # a scatter: positions read from data, the store masked to those in range
+            store_index, guards = self._positions(store_index, member.node.store_indirect, memo or {}, local or {},
+                                                  w, {}, clamp=False)
+        index = self._flatten(sympy.expand(sympy.sympify(store_index)))
         level = "row" if member.level == "reduction" else member.level
         value_dtype = member.node.dtype if member.node.reduction else member.node.body.dtype
         value = self._block(var, value_dtype, level)
         if member.node.dtype in HALF_DTYPES:
             value = self.to_storage(value, member.node.dtype)
-        offset = self.index(member.node.store_index)
+        offset = self.index(store_index)
         if not self.axes(index) >= self.level_axes(level):
             # fewer axes than the block (a 0-dim result, or rows folded to one): every lane
             # gets an offset and only in-bounds lanes (the full mask) store
             offset = f"({offset}) + tl.zeros({self._shape(level)}, {'tl.int64' if not self.index_bound_ok else 'tl.int32'})"
         parts = (["xmask"] if self.needs_xmask else []) + (["rmask"] if level == "inner" and self.needs_rmask else [])
-        mask = " & ".join(parts) or None
+        mask = " & ".join(parts + guards) or None
         w.line(f"tl.store({ptr} + ({offset}), {value}{', ' + mask if mask else ''})")
 
     # -- emission ------------------------------------------------------------------------------
@@ -350,7 +361,7 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
             if m.level == "reduction":
                 var = self._reduce_nothing(m, var, w)
             local[m.node.name] = var
-            self.store(m, var, w)
+            self.store(m, var, w, memo, local)
 
     @cached_property
     def part_axis(self) -> bool:
