@@ -129,3 +129,20 @@ def test_accumulating_index_put_stays_a_library_call():
     compiled = wrapgen.compile(fn, args)
     mine = [a.clone() for a in args]
     torch.testing.assert_close(compiled(*mine), fn(*[a.clone() for a in args]))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("target", ["python", "cpp"])
+@pytest.mark.parametrize("graphs", [False, True])
+def test_cache_writes_cuda(target, graphs):
+    """Triton kernels store the rotated keys and the values into the caches, with and without
+    CUDA graphs (the position is read on the device at each replay)."""
+    torch._dynamo.reset()
+    model, reference = RotaryCache().cuda(), RotaryCache().cuda()
+    compiled = torch.compile(model, backend="wrapgen", options={"target": target, "cuda_graphs": graphs})
+    for step in range(5):
+        inputs = tuple(t.cuda() for t in _step_inputs(step))
+        torch.testing.assert_close(compiled(*inputs), reference(*inputs))
+        torch.testing.assert_close(model.keys, reference.keys)
+        torch.testing.assert_close(model.values, reference.values)
