@@ -573,3 +573,61 @@ def test_decode_products_are_measured_against_the_skinny_template_by_default(tar
         assert "autotune mm 1x1024 @ 1024x2816" in str(program) and "triton_skinny_" in str(program)
         many = (torch.randn(64, 1024, device="cuda", dtype=dt), w, torch.randn(64, 2816, device="cuda", dtype=dt))
         assert "autotune" not in str(check(fn, many, targets=[target], atol=3e-2, rtol=3e-2))
+
+
+# -- sibling skinny products: one launch for the products of one A (q, k and v of a decode step) ----
+def _qkv(x, wq, wk, wv):
+    return x @ wq.t(), x @ wk.t(), x @ wv.t()
+
+
+def _q_read_before_k(x, wq, wk):
+    q = x @ wq.t()
+    return x @ (wk.t() + q.exp().sum()), q
+
+
+def _grouping_always_wins(monkeypatch):
+    """Each product's selection reports a time, and the grouped launch always beats their sum."""
+    import dataclasses
+
+    from wrapgen.kernels import templates as package
+    from wrapgen.kernels.templates import triton_skinny_group
+
+    select = package.select_gemm
+    monkeypatch.setattr(package, "select_gemm", lambda *a, **k: dataclasses.replace(select(*a, **k), milliseconds=1e9))
+    measure = triton_skinny_group.select_group
+    monkeypatch.setattr(triton_skinny_group, "select_group", lambda problems, name, ms: measure(problems, name, 1e12))
+    monkeypatch.setattr(triton_gemm, "triton_configs", lambda problem, shortlist=False: [])  # the skinny one alone
+
+
+@interpreter
+def test_sibling_skinny_products_run_as_one_launch_in_interpreter(monkeypatch):
+    _grouping_always_wins(monkeypatch)
+    args = (torch.randn(1, 40), torch.randn(37, 40), torch.randn(12, 40), torch.randn(9, 40))
+    with wrapgen.config.patch(cpu_kernels="triton"):
+        program = check(_qkv, args, targets=["python", "fx"])
+    kernels = templates(program)
+    assert len(kernels) == 1 and dict(kernels[0].metadata)["template"] == "triton_skinny_group", str(program)
+    assert "grouped mm 1x40 @ 40x37 float32 + mm 1x40 @ 40x12 float32 + mm 1x40 @ 40x9 float32" in str(program)
+
+
+@interpreter
+def test_a_product_read_before_its_sibling_runs_keeps_its_own_launch(monkeypatch):
+    _grouping_always_wins(monkeypatch)
+    args = (torch.randn(2, 16), torch.randn(24, 16), torch.randn(8, 16))
+    with wrapgen.config.patch(cpu_kernels="triton"):
+        program = check(_q_read_before_k, args, targets=["python"], atol=1e-4, rtol=1e-4)
+    assert "triton_skinny_group" not in str(program), str(program)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("target", ["python", "cpp"])
+def test_decode_projections_are_measured_as_one_launch(target):
+    """q, k and v of one token (1 row over 1024x1024, 256x1024 and 256x1024 bf16 weights): the
+    grouped launch is measured against the separate winners, and the program says which won."""
+    dt = torch.bfloat16
+    args = (torch.randn(1, 1024, device="cuda", dtype=dt), torch.randn(1024, 1024, device="cuda", dtype=dt),
+            torch.randn(256, 1024, device="cuda", dtype=dt), torch.randn(256, 1024, device="cuda", dtype=dt))
+    with wrapgen.config.patch(max_autotune=False, max_autotune_gemm_backends="aten,template"):
+        program = check(_qkv, args, targets=[target], atol=3e-2, rtol=3e-2)
+    assert "grouped mm 1x1024 @ 1024x1024 bfloat16 + mm 1x1024 @ 1024x256 bfloat16 + mm 1x1024 @ 1024x256 bfloat16" in str(program), str(program)

@@ -60,6 +60,8 @@ def apply_gemm_templates(lowering, lines: list[WrapperLine], pending_type: type)
     if not products:
         return lines
     from wrapgen.kernels.templates import precompile, select_gemm
+    from wrapgen.kernels.templates.triton_skinny import skinny
+    from wrapgen.kernels.templates.triton_skinny_group import groupable, select_group
 
     lines = list(lines)
     groups = _groups(lowering, lines, pending_type)
@@ -70,8 +72,8 @@ def apply_gemm_templates(lowering, lines: list[WrapperLine], pending_type: type)
                 for (extern, parts), name in zip(products, names)], lowering.language, backends, shortlist)
     definitions: list[WrapperLine] = []
     shared: dict[tuple, str] = {}  # products of the same code (a chain of identical layers) share a kernel
+    siblings: dict[tuple, list[tuple]] = {}  # skinny products of one A, placed after the loop (grouped or not)
     for (extern, problem_parts), name in zip(products, names):
-        index = lines.index(extern)
         problem, group = _epilogue_problem(extern, problem_parts, lines, groups, lowering, pending_type, types)
         try:
             selection = select_gemm(problem, lowering.language, name, backends, shortlist)
@@ -79,21 +81,72 @@ def apply_gemm_templates(lowering, lines: list[WrapperLine], pending_type: type)
             group = None
             problem = _make_problem(problem_parts, None, frozenset(), lowering, types)
             selection = select_gemm(problem, lowering.language, name, backends, shortlist)
-        if selection.kernel is None:
-            lines.insert(index, Comment(selection.summary))
+        if lowering.language == "triton" and group is None and skinny(problem) and groupable(problem):
+            siblings.setdefault((problem.a, problem.m, problem.k), []).append((extern, problem, selection, name))
             continue
-        kernel = selection.kernel
+        lines = _place(lines, extern, group, selection, lowering, pending_type, definitions, shared)
+    for run in (r for found in siblings.values() for r in _sibling_runs(found, lines)):
+        grouped = None
+        times = [selection.milliseconds for _, _, selection, _ in run]
+        if len(run) > 1 and None not in times:
+            grouped = select_group([problem for _, problem, _, _ in run], f"{run[0][3]}_group", sum(times))
+        if grouped is None or grouped.kernel is None:
+            if grouped is not None:  # the measurement that kept them apart
+                lines.insert(lines.index(run[0][0]), Comment(grouped.summary))
+            for extern, _, selection, _ in run:
+                lines = _place(lines, extern, None, selection, lowering, pending_type, definitions, shared)
+            continue
+        kernel = grouped.kernel
         metadata = (("device", str(lowering.device)), *((k, v) for k, v in kernel.metadata if k != "device"),
-                    ("template", selection.choice), ("autotune", selection.summary))
-        same_code = (kernel.source.replace(kernel.name, "KERNEL"), metadata[:-1])  # the summary aside
-        name = shared.setdefault(same_code, kernel.name)
-        if name == kernel.name:
-            definitions.append(KernelDefinition(kernel.name, lowering.language, kernel.source, metadata))
+                    ("template", "triton_skinny_group"), ("autotune", grouped.summary))
+        name = _definition(kernel, metadata, lowering, definitions, shared)
         call = KernelCall(name, tuple(TensorRef(t) for t in kernel.tensors), kernel.grid, kernel.written)
-        lines = _rewrite(lines, extern, group, call, lowering, pending_type)
+        last = run[-1][0]
+        lines = [call if line is last else line for line in lines if line is last or all(line is not e for e, *_ in run)]
     return definitions + lines
 
 
+def _place(lines, extern, group, selection, lowering, pending_type, definitions, shared) -> list[WrapperLine]:
+    """`lines` with the product's selection applied: the template's call (and its definition), or
+    a comment with the measurement before the library call."""
+    if selection.kernel is None:
+        lines.insert(lines.index(extern), Comment(selection.summary))
+        return lines
+    kernel = selection.kernel
+    metadata = (("device", str(lowering.device)), *((k, v) for k, v in kernel.metadata if k != "device"),
+                ("template", selection.choice), ("autotune", selection.summary))
+    name = _definition(kernel, metadata, lowering, definitions, shared)
+    call = KernelCall(name, tuple(TensorRef(t) for t in kernel.tensors), kernel.grid, kernel.written)
+    return _rewrite(lines, extern, group, call, lowering, pending_type)
+
+
+def _definition(kernel, metadata: tuple, lowering, definitions: list, shared: dict) -> str:
+    """The kernel's name, or that of an earlier one of the same code (a chain of identical layers)."""
+    same_code = (kernel.source.replace(kernel.name, "KERNEL"), metadata[:-1])  # the summary aside
+    name = shared.setdefault(same_code, kernel.name)
+    if name == kernel.name:
+        definitions.append(KernelDefinition(kernel.name, lowering.language, kernel.source, metadata))
+    return name
+
+
+def _sibling_runs(found: list[tuple], lines: list[WrapperLine]) -> list[list[tuple]]:
+    """`found` (skinny products of one A, in program order) split into runs that one launch at
+    the last one's place may compute: no line between reads an earlier product of the run or
+    writes A."""
+    runs: list[list[tuple]] = []
+    position = {id(line): i for i, line in enumerate(lines)}
+    for item in found:
+        run = runs[-1] if runs else None
+        if run is not None:
+            outputs = {p.out.name for _, p, _, _ in run}
+            a_name = item[1].a.name
+            between = lines[position[id(run[0][0])] + 1:position[id(item[0])]]
+            if all(any(line is e for e, *_ in run) or isinstance(line, Allocate)
+                   or not (outputs & set(line.uses()) or a_name in getattr(line, "writes", ())) for line in between):
+                run.append(item)
+                continue
+        runs.append([item])
+    return runs
 def _epilogue_problem(extern, parts: dict, lines, groups, lowering, pending_type, types) -> tuple:
     """(the product with the pointwise group that consumes it as its epilogue, that group), or
     the product alone and None where the problem cannot take that epilogue."""

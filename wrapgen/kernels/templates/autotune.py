@@ -44,6 +44,7 @@ class Selection:
     choice: str
     kernel: GeneratedKernel | None  # the winning template instance (None: keep the library call)
     summary: str  # one line: the candidates and their times, the choice marked
+    milliseconds: float | None = None  # the choice's measured time (None: not measured)
 
 
 def select_gemm(problem: GemmProblem, language: str, name: str, backends: str | None = None,
@@ -78,7 +79,7 @@ def select_gemm(problem: GemmProblem, language: str, name: str, backends: str | 
              for tag, ms in sorted(timings.items(), key=lambda kv: (kv[1] is None, kv[1] or 0))]
     summary = f"autotune {problem.describe()}{note}: " + ", ".join(parts)
     winner = next(c for c in candidates if c.tag == choice)
-    return Selection(choice, winner.kernel, summary)
+    return Selection(choice, winner.kernel, summary, timings.get(choice))
 
 
 def _candidates(problem: GemmProblem, language: str, name: str, backends: str,
