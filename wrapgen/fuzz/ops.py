@@ -33,6 +33,11 @@ BINARY = (
     "{0} / (1 + {1}.abs())", "torch.where({0} > {1}, {0}, {1})", "({0} < {1} - 0.1)", "{0} * 0.5 - {1} * 2",
 )
 IN_PLACE = ("{0}.add_({1})", "{0}.mul_({1})", "{0}.copy_({1})", "{0}.sub_(torch.sin({1}))")
+# scatters into operand 0 (a KV-cache write when it is an input): a negative index, values that
+# broadcast, values read from other elements of the destination itself
+SCATTER = ("{0}[torch.tensor([0, -1])] = torch.sin({1}).sum() * 0.5",
+           "{0}.index_copy_({d}, torch.tensor([0]), {0}.narrow({d}, 1, 1) * 2)",
+           "{0}[..., torch.tensor([1])] = torch.cos({1}[..., :1])")
 IN_PLACE_UNARY = ("{0}.mul_(0.5)", "{0}.relu_()", "{0}.clamp_(-1, 1)", "{0}.select({d}, 0).fill_(0.5)",
                   "{0}.neg_()", "{0}[..., 1:] += 1")
 
@@ -108,6 +113,13 @@ def in_place_unary(rng: random.Random, ops: list[Operand]) -> str:
     return rng.choice(IN_PLACE_UNARY).replace("{d}", str(_dim(rng, t) if t.dim() else 0))
 
 
+def scatter(rng: random.Random, ops: list[Operand]) -> str | None:
+    t = ops[0][1]
+    if t.dim() == 0:
+        return None
+    return rng.choice(SCATTER).replace("{d}", str(_dim(rng, t)))
+
+
 @dataclass(frozen=True)
 class Family:
     """`arity` operands; `mutates`: the statement updates operand 0 in place instead of defining a value."""
@@ -130,4 +142,5 @@ FAMILIES = (
     Family("concat", 2, 1, concat),
     Family("in_place", 2, 1, in_place, mutates=True),
     Family("in_place_unary", 1, 1, in_place_unary, mutates=True),
+    Family("scatter", 2, 0.5, scatter, mutates=True),
 )
