@@ -34,17 +34,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(world: int, cache_dir: Path, targets=TARGETS, scenarios=SCENARIOS) -> list[list[dict]]:
+def run_ranks(world: int, cache_dir: Path, targets=TARGETS, scenarios=SCENARIOS, worker: Path = WORKER) -> list[list[dict]]:
     """Start `world` ranks, wait for all (or kill all at the deadline); each rank's JSON reports."""
     port = free_port()
     env = dict(os.environ, WRAPGEN_CACHE_DIR=str(cache_dir), OMP_NUM_THREADS="1")
     env.pop("WRAPGEN_TARGET", None)
-    command = [sys.executable, str(WORKER), "", str(world), str(port), ",".join(targets), ",".join(scenarios)]
+    command = [sys.executable, str(worker), "", str(world), str(port), ",".join(targets), ",".join(scenarios)]
     ranks = []
     for rank in range(world):
         command[2] = str(rank)
         ranks.append(subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                      cwd=WORKER.parents[1]))
+                                      cwd=worker.parents[1]))
     deadline = time.monotonic() + DEADLINE
     outputs = []
     try:

@@ -30,6 +30,10 @@ def compile_aten_graph(gm: torch.fx.GraphModule, name: str, target: str | None =
     from wrapgen.lowering.capture import capture_aten_graph
     from wrapgen.lowering.lower import lower_captured
 
+    passed = _opaque_pass_through(gm)
+    if passed is not None:  # objects a program cannot hold, only handed on: handed on around it
+        inner = compile_aten_graph(passed.graph_module, name, target)
+        return passed.wrap(inner)
     # aot_autograd calls compilers with its fake mode active; the graph's constants (lifted
     # tensor constants, e.g. the 0.0 of `x[:, 1] = 0.0`) are real tensors and stay real.
     with unset_fake_temporarily():
@@ -47,6 +51,53 @@ def compile_aten_graph(gm: torch.fx.GraphModule, name: str, target: str | None =
             call = _with_program_at_hints(call, program, gm, name, target)
     call._boxed_call = True  # type: ignore[attr-defined]
     return call
+
+
+class _OpaquePassThrough:
+    """A graph whose opaque inputs (a DTensor's device mesh or process group: script objects, not
+    tensors or numbers) are only returned, as aot_autograd hands a tensor subclass's context from
+    the forward to the backward: `graph_module` is the graph without them (None where they were
+    returned), and `wrap` puts them back around the compiled call."""
+
+    def __init__(self, graph_module: torch.fx.GraphModule, positions: list[int], returned: dict[int, int]) -> None:
+        self.graph_module, self.positions, self.returned = graph_module, positions, returned
+
+    def wrap(self, inner: Callable[[list], Any]) -> Callable[[list], Any]:
+        positions, returned = set(self.positions), self.returned
+
+        def call(args: list) -> Any:
+            objects = {i: args[i] for i in positions}
+            rest = [a for i, a in enumerate(args) if i not in positions]
+            args.clear()
+            out = list(inner(rest))
+            for output, position in returned.items():
+                out[output] = objects[position]
+            return out
+
+        call._boxed_call = True  # type: ignore[attr-defined]
+        return call
+
+
+def _opaque_pass_through(gm: torch.fx.GraphModule) -> _OpaquePassThrough | None:
+    """The graph without its opaque inputs when each is unused or only returned (else None: the lowering
+    refuses them, naming the input)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    opaque = [i for i, n in enumerate(placeholders)
+              if not isinstance(n.meta.get("val"), (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool,
+                                                     int, float, bool))
+              and all(u.op == "output" for u in n.users)]
+    if not opaque:
+        return None
+    graph = torch.fx.Graph()
+    mapping: dict[torch.fx.Node, torch.fx.Node] = {}
+    out = graph.graph_copy(gm.graph, mapping)
+    dropped = {mapping[placeholders[i]]: i for i in opaque}
+    values = out if isinstance(out, (list, tuple)) else (out,)
+    returned = {k: dropped[v] for k, v in enumerate(values) if v in dropped}
+    graph.output(type(values)(None if v in dropped else v for v in values) if isinstance(out, (list, tuple)) else out)
+    for node in dropped:
+        graph.erase_node(node)
+    return _OpaquePassThrough(torch.fx.GraphModule(gm, graph), opaque, returned)
 
 
 # The forwards compiled in the backend call in progress that are made runnable at its end (see
