@@ -90,11 +90,12 @@ def _opaque_pass_through(gm: torch.fx.GraphModule) -> _OpaquePassThrough | None:
         return None
     graph = torch.fx.Graph()
     mapping: dict[torch.fx.Node, torch.fx.Node] = {}
-    out = graph.graph_copy(gm.graph, mapping)
+    values = graph.graph_copy(gm.graph, mapping)
+    if not isinstance(values, (list, tuple)):
+        return None  # aot_autograd's graphs return a tuple
     dropped = {mapping[placeholders[i]]: i for i in opaque}
-    values = out if isinstance(out, (list, tuple)) else (out,)
-    returned = {k: dropped[v] for k, v in enumerate(values) if v in dropped}
-    graph.output(type(values)(None if v in dropped else v for v in values) if isinstance(out, (list, tuple)) else out)
+    returned = {k: dropped[v] for k, v in enumerate(values) if isinstance(v, torch.fx.Node) and v in dropped}
+    graph.output(type(values)(None if isinstance(v, torch.fx.Node) and v in dropped else v for v in values))
     for node in dropped:
         graph.erase_node(node)
     return _OpaquePassThrough(torch.fx.GraphModule(gm, graph), opaque, returned)
