@@ -85,7 +85,7 @@ def apply_gemm_templates(lowering, lines: list[WrapperLine], pending_type: type)
             siblings.setdefault((problem.a, problem.m, problem.k), []).append((extern, problem, selection, name))
             continue
         lines = _place(lines, extern, group, selection, lowering, pending_type, definitions, shared)
-    for run in (r for found in siblings.values() for r in _sibling_runs(found, lines)):
+    for run in (r for found in siblings.values() for r in _sibling_runs(found, lines, lowering.mutations.root)):
         grouped = None
         times = [selection.milliseconds for _, _, selection, _ in run]
         if len(run) > 1 and None not in times:
@@ -129,24 +129,27 @@ def _definition(kernel, metadata: tuple, lowering, definitions: list, shared: di
     return name
 
 
-def _sibling_runs(found: list[tuple], lines: list[WrapperLine]) -> list[list[tuple]]:
+def _sibling_runs(found: list[tuple], lines: list[WrapperLine], root) -> list[list[tuple]]:
     """`found` (skinny products of one A, in program order) split into runs that one launch at
-    the last one's place may compute: no line between reads an earlier product of the run or
-    writes A."""
+    the last one's place may compute: no line between reads an earlier product of the run, or
+    writes the storage of A or of a weight the run reads (`root`: a buffer's storage)."""
     runs: list[list[tuple]] = []
     position = {id(line): i for i, line in enumerate(lines)}
     for item in found:
         run = runs[-1] if runs else None
         if run is not None:
             outputs = {p.out.name for _, p, _, _ in run}
-            a_name = item[1].a.name
+            operands = {root(p.a.name) for _, p, _, _ in run} | {root(p.b.name) for _, p, _, _ in [*run, item]}
             between = lines[position[id(run[0][0])] + 1:position[id(item[0])]]
             if all(any(line is e for e, *_ in run) or isinstance(line, Allocate)
-                   or not (outputs & set(line.uses()) or a_name in getattr(line, "writes", ())) for line in between):
+                   or not (outputs & set(line.uses()) or operands & {root(w) for w in getattr(line, "writes", ())})
+                   for line in between):
                 run.append(item)
                 continue
         runs.append([item])
     return runs
+
+
 def _epilogue_problem(extern, parts: dict, lines, groups, lowering, pending_type, types) -> tuple:
     """(the product with the pointwise group that consumes it as its epilogue, that group), or
     the product alone and None where the problem cannot take that epilogue."""
