@@ -15,6 +15,7 @@ if not torch.cuda.is_available():
 
 import wrapgen
 import wrapgen.dynamo
+from wrapgen.kernels.triton import compat
 
 # `backend="wrapgen"` without the entry point (the GPU host runs the suite from the checkout)
 wrapgen.dynamo.ensure_registered()
@@ -40,3 +41,18 @@ def fresh_dynamo():
 @pytest.fixture(autouse=True)
 def seeded():
     torch.manual_seed(0)
+
+
+# CPU kernel languages a test of generated kernels runs in: C++, and Triton where its interpreter runs
+KERNEL_LANGUAGES = ["cpp"] + (["triton"] if compat.available() and compat.interpreting() else [])
+
+
+@pytest.fixture(params=KERNEL_LANGUAGES)
+def kernels(request):
+    """Generated kernels on, in each CPU kernel language (the C++ target launches no interpreted
+    Triton kernels: that pair is skipped)."""
+    target = request.node.callspec.params.get("target")
+    if request.param == "triton" and target == "cpp":
+        pytest.skip("the C++ target launches no interpreted Triton kernels")
+    with wrapgen.config.patch(cpu_kernels=request.param, kernels=True):
+        yield request.param

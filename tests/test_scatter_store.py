@@ -9,20 +9,9 @@ import pytest
 import torch
 
 import wrapgen
-from wrapgen.kernels.triton import compat
 from wrapgen.wrapper_ir import ExternKernel, KernelCall
 
 TARGETS = ["python", "cpp", "fx", "interpret"]
-KERNELS = ["cpp"] + (["triton"] if compat.available() and compat.interpreting() else [])
-
-
-@pytest.fixture(params=KERNELS)
-def kernels(request):
-    target = request.node.callspec.params.get("target")
-    if request.param == "triton" and target == "cpp":
-        pytest.skip("the C++ target launches no interpreted Triton kernels")
-    with wrapgen.config.patch(cpu_kernels=request.param, kernels=True):
-        yield request.param
 
 
 class RotaryCache(torch.nn.Module):

@@ -15,15 +15,6 @@ TARGETS = ["python", "cpp", "fx", "interpret"]
 KERNELS = ["cpp"] + (["triton"] if compat.available() and compat.interpreting() else [])
 
 
-@pytest.fixture(params=KERNELS)
-def kernels(request):
-    target = request.node.callspec.params.get("target")
-    if request.param == "triton" and target == "cpp":
-        pytest.skip("the C++ target launches no interpreted Triton kernels")
-    with wrapgen.config.patch(cpu_kernels=request.param, kernels=True):
-        yield request.param
-
-
 class RunningState(torch.nn.Module):
     """A buffer read before and after its in-place update, and through a view."""
 

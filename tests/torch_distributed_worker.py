@@ -25,21 +25,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-
-import wrapgen.api
+from collectives_worker import _record_programs, programs  # the other worker, beside this script
 
 D, H, BATCH, STEPS, LR = 16, 32, 4, 3, 0.05
-emitted: list = []
-
-
-def _record_programs() -> None:
-    start_emit = wrapgen.api._start_emit  # every program emitted goes through it
-
-    def recording(program, target):
-        emitted.append(program)
-        return start_emit(program, target)
-
-    wrapgen.api._start_emit = recording
 
 
 class Block(torch.nn.Module):
@@ -82,7 +70,7 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 def check(scenario: str, target: str, rank: int, world: int) -> dict:
     torch._dynamo.reset()
-    before = len(emitted)
+    before = len(programs)
     model = parallelize(make_model(), scenario, world)
     reference = make_model()
     compiled = torch.compile(model, backend="wrapgen", options={"target": target})
@@ -113,7 +101,7 @@ def check(scenario: str, target: str, rank: int, world: int) -> dict:
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(full(p.detach()), q.detach(), rtol=1e-4, atol=1e-5,
                                    msg=lambda m, n=name: f"{scenario}/{target} parameter {n}: {m}")
-    return {"scenario": scenario, "target": target, "rank": rank, "steps": STEPS, "programs": len(emitted) - before}
+    return {"scenario": scenario, "target": target, "rank": rank, "steps": STEPS, "programs": len(programs) - before}
 
 
 def main() -> None:
