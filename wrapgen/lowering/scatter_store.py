@@ -78,6 +78,8 @@ def scatter_plan(node: torch.fx.Node) -> ScatterPlan | None:
     source = fake(values)
     if not all(isinstance(f, torch.Tensor) and f.dtype in (torch.int64, torch.int32) for f in index_fakes):
         return None  # a boolean mask selects a data-dependent number of elements
+    if any(f.device != destination.device for f in index_fakes):
+        return None  # eager takes CPU indices into a CUDA tensor; a kernel cannot read them
     if not isinstance(source, torch.Tensor) or source.dtype != destination.dtype or source.device != destination.device:
         return None
     if destination.dtype not in SUPPORTED_DTYPES:
