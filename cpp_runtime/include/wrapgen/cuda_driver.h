@@ -64,6 +64,8 @@ struct Driver {
   CUresult (*cuGraphLaunch)(CUgraphExec, CUstream) = nullptr;
   CUresult (*cuGraphExecDestroy)(CUgraphExec) = nullptr;
   CUresult (*cuGraphDestroy)(CUgraph) = nullptr;
+  // copies (a graph's copied inputs into their static buffers)
+  CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;  // cuMemcpyDtoDAsync_v2
 
   std::string error_text(CUresult code) const {
     const char* text = nullptr;
@@ -118,6 +120,7 @@ inline const Driver& driver() {
       resolve(library, "cuGraphLaunch", d.cuGraphLaunch);
       resolve(library, "cuGraphExecDestroy", d.cuGraphExecDestroy);
       resolve(library, "cuGraphDestroy", d.cuGraphDestroy);
+      resolve(library, "cuMemcpyDtoDAsync_v2", d.cuMemcpyDtoDAsync);
     } catch (const CudaError& e) {
       failure = e.what();
     }

@@ -75,6 +75,14 @@ struct Graph {
   std::vector<AtenTensorHandle> copy_static; // the static buffer the graph reads (input's layout)
   std::vector<AtenTensorHandle> copy_flat;   // its storage span as a flat tensor (null: dense, copy elementwise)
   std::vector<int64_t> copy_span;
+  // A copied input on the graph's own device is copied by one driver memcpy of its bytes (a
+  // dispatcher copy costs 10-20 us of host time, several per decode step): the bytes (0: the
+  // dispatcher's copy), the static buffer's address, and the dtype and sizes it was recorded
+  // with (a source that differs in either takes the dispatcher's copy, which converts or fails).
+  std::vector<size_t> copy_bytes;
+  std::vector<void*> copy_address;
+  std::vector<int32_t> copy_dtype;
+  std::vector<std::vector<int64_t>> copy_sizes;
   std::vector<AtenTensorHandle> outputs;
   std::vector<AtenTensorHandle> keep;        // everything else the recording allocated
   CUgraph graph = nullptr;
@@ -262,6 +270,14 @@ class Call {
     }
     Tensor stat(out);
     if (numel != 0) copy_in(stat, flat, span, t);
+    int32_t source_type = 0, source_index = 0;
+    check(aoti_torch_get_device_type(t.get(), &source_type), "aoti_torch_get_device_type");
+    check(aoti_torch_get_device_index(t.get(), &source_index), "aoti_torch_get_device_index");
+    const bool same_device = source_type == device_type && source_index == device_index;
+    pending_->copy_bytes.push_back(same_device && numel != 0 ? static_cast<size_t>(span == 0 ? numel : span) * aoti_torch_dtype_element_size(dtype) : 0);
+    pending_->copy_address.push_back(stat.data_ptr());
+    pending_->copy_dtype.push_back(dtype);
+    pending_->copy_sizes.push_back(std::move(sizes));
     pending_->copy_input.push_back(static_cast<int>(i));
     pending_->copy_span.push_back(span);
     pending_->copy_flat.push_back(flat.defined() ? hold(std::move(flat)) : nullptr);
@@ -369,11 +385,28 @@ class Call {
     for (Value& item : v.items) keep_value(item);
   }
 
+  // The source has the dtype and sizes its static buffer was recorded with (its strides are in the key).
+  static bool same_layout(const Graph& g, size_t k, const Tensor& source) {
+    int32_t dtype = 0;
+    int64_t* sizes = nullptr;
+    const auto& expected = g.copy_sizes[k];
+    return aoti_torch_get_dtype(source.get(), &dtype) == AOTI_TORCH_SUCCESS && dtype == g.copy_dtype[k] &&
+           source.dim() == static_cast<int64_t>(expected.size()) &&
+           aoti_torch_get_sizes(source.get(), &sizes) == AOTI_TORCH_SUCCESS &&
+           std::equal(expected.begin(), expected.end(), sizes);
+  }
+
   void launch(Graph& g) {
 #ifdef USE_CUDA
+    const Driver& d = driver();
+    const auto stream = static_cast<CUstream>(current_cuda_stream(device_));
     for (size_t k = 0; k < g.copy_input.size(); ++k) {
       const Tensor& source = *inputs_[static_cast<size_t>(g.copy_input[k])];
-      if (g.copy_span[k] == 0) {
+      if (g.copy_bytes[k] != 0 && same_layout(g, k, source)) {
+        d.check(d.cuMemcpyDtoDAsync(reinterpret_cast<cuda::CUdeviceptr>(g.copy_address[k]),
+                                    reinterpret_cast<cuda::CUdeviceptr>(source.data_ptr()), g.copy_bytes[k], stream),
+                "cuMemcpyDtoDAsync");
+      } else if (g.copy_span[k] == 0) {
         check(aoti_torch_copy_(g.copy_static[k], source.get(), 0), "aoti_torch_copy_");
       } else {
         const int64_t one = 1, span = g.copy_span[k];
@@ -383,8 +416,7 @@ class Call {
         check(aoti_torch_copy_(g.copy_flat[k], source_flat.get(), 0), "aoti_torch_copy_");
       }
     }
-    const Driver& d = driver();
-    d.check(d.cuGraphLaunch(g.exec, static_cast<CUstream>(current_cuda_stream(device_))), "cuGraphLaunch");
+    d.check(d.cuGraphLaunch(g.exec, stream), "cuGraphLaunch");
     program_.last = g.generation;
 #else
     (void)g;

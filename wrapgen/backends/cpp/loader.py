@@ -103,25 +103,27 @@ def _to_handles(tensors: list[torch.Tensor]) -> list[int]:
     reader = _capsule_reader() if len(capsules) >= _BATCH_MIN else None
     if reader is None:
         return [_capsule_pointer(c, None) for c in capsules]
-    addresses = array.array("Q", map(id, capsules))
-    pointers = array.array("Q", bytes(8 * len(addresses)))
-    reader(addresses.buffer_info()[0], len(addresses), _CAPSULE_POINTER_OFFSET, pointers.buffer_info()[0], 8)
+    pointers = array.array("Q", bytes(8 * len(capsules)))
+    reader(id(capsules), len(capsules), pointers.buffer_info()[0], 8)
     return pointers.tolist()
 
 
 # Unwrapping a capsule through ctypes costs about half a microsecond: a decode step that passes
 # its 103 weights and caches spent 50-150 µs of host time on it, a compiled optimizer step over
-# 740 tensors 400 µs or more. One C loop reads every capsule's pointer field instead, at the
-# offset CPython lays it at (after the object header), checked once against PyCapsule_GetPointer.
+# 740 tensors 400 µs or more. One C loop reads every capsule's pointer field straight from the
+# list instead, at the offsets CPython lays them at (a list's item array after its header, a
+# capsule's pointer after the object header), checked once against PyCapsule_GetPointer.
 _BATCH_MIN = 16
-_CAPSULE_POINTER_OFFSET = 16
-_READER_SOURCE = """#include <cstdint>
+_LIST_ITEMS_OFFSET = 24  # PyListObject: ob_refcnt, ob_type, ob_size, then ob_item
+_CAPSULE_POINTER_OFFSET = 16  # PyCapsule: ob_refcnt, ob_type, then pointer
+_READER_SOURCE = f"""#include <cstdint>
 #include <cstring>
-// out + i * stride = the pointer field of object i (each written as 8 bytes)
-extern "C" void wg_read_capsule_pointers(const uint64_t* objects, int64_t n, int64_t offset, char* out,
-                                         int64_t stride) {
-  for (int64_t i = 0; i < n; ++i) std::memcpy(out + i * stride, reinterpret_cast<const char*>(objects[i] + offset), 8);
-}
+// out + i * stride = the pointer field of item i of the list at `list` (each written as 8 bytes)
+extern "C" void wg_read_capsule_pointers(const char* list, int64_t n, char* out, int64_t stride) {{
+  const char* const* items = nullptr;
+  std::memcpy(&items, list + {_LIST_ITEMS_OFFSET}, 8);
+  for (int64_t i = 0; i < n; ++i) std::memcpy(out + i * stride, items[i] + {_CAPSULE_POINTER_OFFSET}, 8);
+}}
 """
 _reader: list = []  # [the C loop, or None where it cannot be built or the layout differs]
 
@@ -134,14 +136,14 @@ def _capsule_reader():
         from wrapgen.kernels.cpp.build import load_library
 
         reader = load_library([_READER_SOURCE]).wg_read_capsule_pointers
-        reader.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+        reader.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
         reader.restype = None
-        sample = torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors([torch.empty(0)])
-        expected = _capsule_pointer(sample[0], None)
-        addresses, out = array.array("Q", [id(sample[0])]), array.array("Q", [0])
-        reader(addresses.buffer_info()[0], 1, _CAPSULE_POINTER_OFFSET, out.buffer_info()[0], 8)
-        _from_handles([expected])
-        if out[0] != expected:
+        sample = torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors([torch.empty(0), torch.empty(1)])
+        expected = [_capsule_pointer(c, None) for c in sample]
+        out = array.array("Q", [0, 0])
+        reader(id(sample), 2, out.buffer_info()[0], 8)
+        _from_handles(expected)
+        if out.tolist() != expected:
             reader = None
     except Exception:  # no compiler here (a deployment host), or another layout: one capsule at a time
         reader = None
@@ -238,16 +240,19 @@ class CppModel:
 
     def _run_with(self, buffers: _CallBuffers, args: list) -> tuple:
         fields = buffers.fields
-        if self._all_tensors and all(isinstance(value, torch.Tensor) for value in args):
-            # every input a tensor (a compiled optimizer step passes 740, a decode step 103)
-            reader = _capsule_reader() if buffers.tensor_kinds_packed and len(args) >= _BATCH_MIN else None
-            if reader is not None:  # the handles straight into the packed input array
-                capsules = torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors(args)
+        if self._all_tensors and buffers.tensor_kinds_packed and len(args) >= _BATCH_MIN:
+            # every input a tensor (a compiled optimizer step passes 740, a decode step 103), and
+            # the input array already says so: the handles go straight into it
+            reader = _capsule_reader()
+            try:
+                capsules = torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors(args) if reader is not None else None
+            except TypeError:  # an input is not a tensor: the checks below name it
+                capsules = None
+            if capsules is not None:
                 args.clear()
-                addresses = array.array("Q", map(id, capsules))
-                reader(addresses.buffer_info()[0], len(addresses), _CAPSULE_POINTER_OFFSET,
-                       ctypes.addressof(buffers.inputs) + _HANDLE_OFFSET, _VALUE_SIZE)
+                reader(id(capsules), len(capsules), ctypes.addressof(buffers.inputs) + _HANDLE_OFFSET, _VALUE_SIZE)
                 return self._call_library(buffers, packed=True)
+        if self._all_tensors and all(isinstance(value, torch.Tensor) for value in args):
             handles = _to_handles(args)
             args.clear()
             fields[0::_FIELDS] = self._tensor_kinds
