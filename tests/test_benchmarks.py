@@ -359,6 +359,35 @@ def test_optimizer_benchmark_checks_and_times_every_contender(tmp_path: Path) ->
     assert "| optimizer | contender | status | µs/step (median) |" in markdown and "| check |" in markdown
 
 
+def test_aot_package_benchmark_checks_and_times_wrapgen_and_aotinductor(tmp_path: Path) -> None:
+    from benchmarks import aot_packages
+
+    argv = ["--models=mlp", "--rounds=2", "--calls=5", f"--out-dir={tmp_path}"]
+    raw, markdown = _results(aot_packages.main(argv), "aot-packages")
+    cells = {c["contender"]: c for c in raw["results"]}
+    assert set(cells) == {"wrapgen", "wrapgen[arrayref]", "AOTInductor"}
+    for name, cell in cells.items():
+        assert cell["status"] == "ok", cell  # built, loaded, outputs equal to eager's
+        assert len(cell["round_us"]) == 2 and cell["median_us"] > 0 and cell["package_bytes"] > 0
+        assert f"| mlp | {name} | ok |" in markdown
+    assert "| model | contender | status | µs per call (median) |" in markdown
+
+
+def test_aot_package_benchmark_marks_a_wrong_package(tmp_path: Path, monkeypatch) -> None:
+    """A contender whose outputs differ from eager's is marked wrong and not timed."""
+    from benchmarks import aot_packages
+
+    real = aot_packages._build
+
+    def off_by_one(contender, model, inputs, path, cell):
+        call = real(contender, model, inputs, path, cell)
+        return (lambda: call() + 1) if contender == "wrapgen" else call
+
+    monkeypatch.setattr(aot_packages, "_build", off_by_one)
+    calls, cells = aot_packages.build_contenders("mlp", *aot_packages.build_model("mlp")[:2], tmp_path, ["wrapgen"])
+    assert not calls and cells[0].status == "wrong" and cells[0].detail
+
+
 def test_optimizer_shapes_are_gpt2_small() -> None:
     from benchmarks import optimizer
 

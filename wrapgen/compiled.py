@@ -49,6 +49,7 @@ class CompiledFunction:
         self._positional = in_spec is None or _is_flat_positional(in_spec)
         self._arity = _children(in_spec)[0].num_children if in_spec is not None and self._positional else None
         self._flat_outputs = out_spec is not None and _is_flat_tuple(out_spec)
+        self._leaf_output = out_spec is not None and out_spec.is_leaf()  # one tensor: no unflatten per call
 
     @property
     def source(self) -> str:
@@ -85,6 +86,8 @@ class CompiledFunction:
         else:
             if self._flat_outputs:
                 return tuple(outputs)
+            if self._leaf_output:
+                return outputs[0]
             if self._out_spec is not None:
                 return pytree.tree_unflatten(list(outputs), self._out_spec)
             if self._output_kind == "single":
