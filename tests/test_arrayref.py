@@ -212,6 +212,36 @@ def test_outputs_that_are_inputs_or_repeated_are_copied(tmp_path):
     assert got[0].data_ptr() != x.data_ptr()  # the caller's output memory, not the input
 
 
+def test_an_output_viewing_a_whole_buffer_is_written_in_the_callers_memory(tmp_path):
+    """A library product viewed as the output ([6, 16] viewed as [2, 3, 16], the logits of a
+    language model head) is computed straight into the caller's output memory: no copy at the
+    end. An output that views only part of a buffer is still copied, and every result is right."""
+    from wrapgen.api import optimize
+    from wrapgen.backends.cpp.arrayref import ArrayRefEmitter
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 16).eval()
+
+    def whole(x):
+        return head(x)  # [2, 3, 8] -> the product [6, 16], viewed as [2, 3, 16]
+
+    def part(x):
+        return head(x)[1:]  # a view of the product's second half
+
+    x = torch.randn(2, 3, 8)
+    for fn, copies in ((whole, False), (part, True)):
+        with torch.no_grad(), wrapgen.config.patch(matmul_kernel_limit=0):
+            program = optimize(wrapgen.lower(fn, (x,)), "cpp")
+            body = "\n".join(ArrayRefEmitter().arrayref_parts(program)["body"])
+            path = wrapgen.aot_compile(fn, (x,), tmp_path / f"{fn.__name__}.wgpkg", arrayref=True)
+        assert ("std::memcpy(outputs[0].data" in body) == copies, body
+        runner = wrapgen.load_package(path, interface="arrayref")
+        for _ in range(3):
+            v = torch.randn(2, 3, 8)
+            with torch.no_grad():
+                torch.testing.assert_close(runner(v), fn(v))
+
+
 def test_large_temporaries_use_the_per_thread_arena(tmp_path):
     from wrapgen.api import optimize
     from wrapgen.backends.cpp.arrayref import STACK_ARENA_BYTES, ArrayRefEmitter

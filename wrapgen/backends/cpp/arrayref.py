@@ -57,6 +57,22 @@ def _static(values: tuple) -> tuple[int, ...] | None:
         return None
 
 
+def _output_roots(program: Program, output_slots: dict[str, int]) -> dict[str, tuple[int, str]]:
+    """Buffers an output is a view of from their first byte (through reinterpret lines at offset 0):
+    buffer -> (the output's slot, the output's name). Whether the view covers the whole buffer in
+    the same contiguous layout is checked where the buffer is allocated."""
+    views = {line.name: line for line in program.lines if isinstance(line, Reinterpret)}
+    roots: dict[str, tuple[int, str]] = {}
+    for name, slot in output_slots.items():
+        current, seen = name, {name}
+        while current in views and _static((views[current].offset,)) == (0,) and views[current].source not in seen:
+            current = views[current].source
+            seen.add(current)
+        if current != name and current not in output_slots:
+            roots.setdefault(current, (slot, name))
+    return roots
+
+
 class ArrayRefEmitter(CppEmitter):
     """Emits `run_arrayref`'s body; `arrayref_parts` returns it with the tables the entry checks against."""
 
@@ -90,6 +106,7 @@ class ArrayRefEmitter(CppEmitter):
         self.live: dict[str, set[str]] = {}
         self.arena = 0
         self.output_slots = {v.name: i for i, v in enumerate(program.outputs) if isinstance(v, TensorRef)}
+        self.output_roots = _output_roots(program, self.output_slots)
         self.in_place_outputs: set[int] = set()
         for number, spec in enumerate(program.inputs):
             self._pointer(spec.name, f"static_cast<char*>(inputs[{number}].data)")
@@ -140,6 +157,12 @@ class ArrayRefEmitter(CppEmitter):
     def emit_allocate(self, line: Allocate) -> None:
         _, sizes, strides = self._type(line, line.name)
         slot = self.output_slots.get(line.name)
+        if slot is None and line.name in self.output_roots:
+            # the output is a view of this whole buffer, byte for byte (a [1024, 4096] product
+            # viewed as the [8, 128, 4096] logits): the buffer can be the caller's memory as well
+            slot, view = self.output_roots[line.name]
+            if self._nbytes(line, line.name) != self._nbytes(line, view):
+                slot = None
         if slot is not None and strides == tuple(contiguous_strides(sizes)) and slot not in self.in_place_outputs:
             self.in_place_outputs.add(slot)  # the kernel writes the caller's memory directly
             self._pointer(line.name, f"static_cast<char*>(outputs[{slot}].data)")
@@ -245,8 +268,8 @@ class ArrayRefEmitter(CppEmitter):
             _, sizes, strides = self._type(line, value.name)
             if strides != tuple(contiguous_strides(sizes)) and 0 not in sizes:
                 raise self.refuse(line, f"output {i} ({value.name}) is not contiguous: strides {strides}")
-            if i in self.in_place_outputs and self.pointers[value.name] == f"p_{value.name}" and self.output_slots.get(value.name) == i:
-                continue
+            if i in self.in_place_outputs and self.output_slots.get(value.name) == i:
+                continue  # written in the caller's memory: the buffer itself, or a view at its start
             nbytes = self._nbytes(line, value.name)
             if nbytes:
                 self.writeline(f"std::memcpy(outputs[{i}].data, {self.pointers[value.name]}, {nbytes});")
