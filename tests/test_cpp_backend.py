@@ -209,6 +209,13 @@ def test_many_tensor_inputs_take_the_packed_handle_path():
         t.join()
     assert not failures, failures
     assert compiled.artifact.call.live_handles() == 0
+    # a non-tensor among them, once the packed path is taken: named, and the next call is right
+    wrong = list(xs)
+    wrong[7] = 3.0
+    with pytest.raises(InputMismatchError, match="args_7: expected a tensor, got float"):
+        compiled(*wrong)
+    torch.testing.assert_close(compiled(*xs), fn(*xs))
+    assert compiled.artifact.call.live_handles() == 0
 
 
 def test_weights_swapped_while_threads_call():

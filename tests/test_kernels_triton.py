@@ -198,6 +198,37 @@ def test_launch_is_bound_once_not_through_the_jit_grid() -> None:
     assert "TritonKernels(" in source and "[grid]" not in source and "](" not in source.split("def call")[1]
 
 
+def test_native_launch_takes_addresses_and_unaligned_pointers_take_their_variant(monkeypatch) -> None:
+    """The launcher hands Triton's native launch the tensors' addresses (not the tensors), the
+    scalars as given; an unaligned pointer (or one given as an address) takes the variant
+    compiled without the alignment assumption, with the arguments as passed. Checked without a
+    GPU: the compile and the native launch are stand-ins that record what they get."""
+    from wrapgen.kernels.triton import runtime
+
+    spec = runtime.KernelSpec("k", "", (("arg_names", ("a", "n", "b")), ("arg_types", ("ptr:float32", "int32", "ptr:float32")),
+                                        ("unaligned", ("b",)), ("device", "cuda:0")))
+    native_calls, slow_calls = [], []
+    monkeypatch.setattr(compat, "interpreting", lambda: False)
+    monkeypatch.setattr(compat, "launch_parts", lambda compiled, constexprs, device: (
+        lambda *args: native_calls.append(args), ("head",), ("tail",)))
+    monkeypatch.setattr(compat, "bind_launcher", lambda compiled, fn, constexprs, device: (
+        lambda *args: slow_calls.append((compiled, args))))
+    kernels = runtime.TritonKernels.__new__(runtime.TritonKernels)
+    kernels.functions = {"k": None}
+    kernels._compile = lambda spec, aligned: "aligned" if aligned else "unaligned"
+    launch = kernels._launcher(spec)
+    a, b = torch.zeros(8), torch.zeros(9)
+    launch(1, 1, 1, 0, a, 5, b)
+    assert native_calls == [(1, 1, 1, 0, "head", a.data_ptr(), 5, b.data_ptr(), "tail")] and not slow_calls
+    shifted = b[1:]  # 4 bytes in: not 16-byte aligned
+    launch(1, 1, 1, 0, a, 5, shifted)
+    assert len(native_calls) == 1 and slow_calls[0][0] == "unaligned"
+    compiled_as, args = slow_calls[0]
+    assert args[:4] == (1, 1, 1, 0) and args[4] is a and args[5] == 5 and args[6] is shifted  # as passed
+    launch(1, 1, 1, 0, a, 5, b.data_ptr() + 4)  # an address already
+    assert len(native_calls) == 1 and len(slow_calls) == 2
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("fn, make", GATHER_CASES, ids=GATHER_IDS)
 def test_gathers(fn, make, dynamic: bool) -> None:
