@@ -25,13 +25,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 import wrapgen
 from benchmarks import machine, models, step_rounds
+from benchmarks.arrayref import models as tiny_models
 from benchmarks.interleaved import interleave
 
 MODEL_NAMES = ("demo", "mlp", "gpt2", "bert", "resnet50")
 CONTENDERS = ("wrapgen", "wrapgen[arrayref]", "AOTInductor")
+TINY = {"demo": "demo (batch 1)", "mlp": "2-layer MLP 32-64-10 (batch 1)"}  # benchmarks.arrayref's names
 
 
 @dataclass
@@ -50,16 +53,12 @@ class Cell:
 
 
 def build_model(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
-    """The model in eval mode, its example inputs, and a line saying what it is."""
+    """The model in eval mode, its example inputs, and a line saying what it is: the two tiny
+    models of benchmarks.arrayref, or a model family's small configuration."""
+    if name in TINY:
+        model, x = tiny_models()[TINY[name]]
+        return model, (x,), TINY[name]
     torch.manual_seed(0)
-    if name == "demo":
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from examples.demo import TinyBlock
-
-        return TinyBlock().eval(), (torch.randn(1, 64),), "examples/demo.py's TinyBlock (LayerNorm, 3 Linear, GELU, sigmoid gate), batch 1 × 64"
-    if name == "mlp":
-        mlp = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).eval()
-        return mlp, (torch.randn(1, 32),), "Linear 32-64, ReLU, Linear 64-10, batch 1"
     family = models.FAMILIES[name]
     model, inputs = family.build("cpu", "small", torch.float32)
     sizes = ", ".join(f"{k}={v}" for k, v in family.sizes["small"].items())
@@ -67,13 +66,7 @@ def build_model(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], s
 
 
 def _flat(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)):
-        return [t for item in out for t in _flat(item)]
-    if isinstance(out, dict):
-        return [t for item in out.values() for t in _flat(item)]
-    return [t for item in getattr(out, "values", lambda: [])() for t in _flat(item)]
+    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
 
 
 def _size(path: Path) -> int:

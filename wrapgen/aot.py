@@ -114,11 +114,12 @@ class PackagedModel:
         self._model = runtime_module().Model(str(Path(path) / "model.so"), str(Path(path) / "weights.bin"))
         self._inputs = self.metadata["inputs"]
         self._in_spec = pytree.treespec_loads(self.metadata["in_spec"]) if self.metadata.get("in_spec") else None
-        self._out_spec = pytree.treespec_loads(self.metadata["out_spec"]) if self.metadata.get("out_spec") else None
-        self._output_kind = self.metadata.get("output_kind", "tuple")
         self._origins = {c["origin"] or c["name"]: c["name"] for c in self.metadata["constants"]}
         self._flat = self._in_spec is None or _flat_positional(self._in_spec)  # known once, not per call
-        self._out_shape = _simple_output(self._out_spec)  # "leaf" / "tuple" / "list": no unflatten per call
+        from wrapgen.compiled import OutputShape
+
+        out_spec = pytree.treespec_loads(self.metadata["out_spec"]) if self.metadata.get("out_spec") else None
+        self._outputs = OutputShape(out_spec, self.metadata.get("output_kind", "tuple"))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._in_spec is not None and (kwargs or not self._flat):
@@ -127,19 +128,7 @@ class PackagedModel:
                 raise TypeError(f"arguments do not have the structure the package was compiled for: {spec}")
         else:
             flat = list(args)
-        outputs = self.run(flat)
-        shape = self._out_shape
-        if shape == "leaf":
-            return outputs[0]
-        if shape == "tuple":
-            return outputs
-        if shape == "list":
-            return list(outputs)
-        if self._out_spec is not None:
-            return pytree.tree_unflatten(list(outputs), self._out_spec)
-        if self._output_kind == "single":
-            return outputs[0]
-        return list(outputs) if self._output_kind == "list" else tuple(outputs)
+        return self._outputs.rebuild(self.run(flat))
 
     def run(self, flat: list) -> tuple:
         """The flat calling convention: inputs in program order, outputs as a tuple."""
@@ -196,21 +185,6 @@ def load_package(path: str | Path, interface: str = "handle") -> PackagedModel:
     interface="arrayref" calls the array-ref entry (packages built with arrayref=True): contiguous
     CPU tensors in, new tensors out, a fraction of the handle entry's overhead."""
     return PackagedModel(path, interface)
-
-
-def _simple_output(spec: pytree.TreeSpec | None) -> str | None:
-    """"leaf" (one value), "tuple" or "list" (of values) where the output structure is that plain:
-    a call then returns its outputs without a pytree unflatten (a few microseconds of a tiny
-    model's call); None otherwise."""
-    from wrapgen.compiled import _children
-
-    if spec is None:
-        return None
-    if spec.is_leaf():
-        return "leaf"
-    if spec.type not in (tuple, list) or not all(c.is_leaf() for c in _children(spec)):
-        return None
-    return "tuple" if spec.type is tuple else "list"
 
 
 def _flat_positional(spec: pytree.TreeSpec) -> bool:

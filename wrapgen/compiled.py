@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,13 +44,10 @@ class CompiledFunction:
         self.target = target
         self._call = artifact.call
         self._in_spec = in_spec
-        self._out_spec = out_spec
-        self._output_kind = output_kind
         # Fast paths for the common case: positional leaf arguments, a tuple of outputs.
         self._positional = in_spec is None or _is_flat_positional(in_spec)
         self._arity = _children(in_spec)[0].num_children if in_spec is not None and self._positional else None
-        self._flat_outputs = out_spec is not None and _is_flat_tuple(out_spec)
-        self._leaf_output = out_spec is not None and out_spec.is_leaf()  # one tensor: no unflatten per call
+        self._outputs = OutputShape(out_spec, output_kind)
 
     @property
     def source(self) -> str:
@@ -84,15 +82,7 @@ class CompiledFunction:
             # `call` consumed the flat list (boxed convention): flatten again for the fallback.
             specialized = self.specializations.serve(args, self._flatten(args, kwargs), refusal)
         else:
-            if self._flat_outputs:
-                return tuple(outputs)
-            if self._leaf_output:
-                return outputs[0]
-            if self._out_spec is not None:
-                return pytree.tree_unflatten(list(outputs), self._out_spec)
-            if self._output_kind == "single":
-                return outputs[0]
-            return list(outputs) if self._output_kind == "list" else tuple(outputs)
+            return self._outputs.rebuild(outputs)
         return specialized(*args, **kwargs)  # outside the handler: its errors are not "during" ours
 
     def _flatten(self, args: tuple, kwargs: dict) -> list:
@@ -131,8 +121,32 @@ def _is_flat_positional(spec: pytree.TreeSpec) -> bool:
     )
 
 
-def _is_flat_tuple(spec: pytree.TreeSpec) -> bool:
-    return spec.type is tuple and all(child.is_leaf() for child in _children(spec))
+class OutputShape:
+    """How a program's flat outputs become what the caller gets: decided once, so the common
+    structures (one value, a flat tuple or list) cost no pytree unflatten per call."""
+
+    __slots__ = ("kind", "spec")
+
+    def __init__(self, spec: pytree.TreeSpec | None, output_kind: str = "tuple") -> None:
+        self.spec = spec
+        if spec is None:
+            self.kind = output_kind  # "single", "list" or "tuple"
+        elif spec.is_leaf():
+            self.kind = "single"
+        elif spec.type in (tuple, list) and all(child.is_leaf() for child in _children(spec)):
+            self.kind = "tuple" if spec.type is tuple else "list"
+        else:
+            self.kind = "tree"
+
+    def rebuild(self, outputs: Sequence[Any]) -> Any:
+        kind = self.kind
+        if kind == "tuple":
+            return tuple(outputs)
+        if kind == "single":
+            return outputs[0]
+        if kind == "list":
+            return list(outputs)
+        return pytree.tree_unflatten(list(outputs), self.spec)
 
 
 def _children(spec: pytree.TreeSpec) -> list[pytree.TreeSpec]:
