@@ -14,6 +14,7 @@ from wrapgen.lowering.loop_ops import (  # noqa: F401 (they register)
     indexing,
     matmul,
     norms,
+    padding,
     pointwise,
     pooling,
     reductions,
