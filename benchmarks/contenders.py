@@ -172,6 +172,13 @@ def default_contenders(device: str) -> list[Contender]:
     return contenders
 
 
+def dynamo_entry_contenders() -> list[Contender]:
+    """torch.compile(model, backend="wrapgen") per target, named `wrapgen-dynamo[target]`: the entry
+    point most users take, beside `wrapgen[target]` (wrapgen.compile) for the same model."""
+    return [Contender(f"wrapgen-dynamo[{target}]", _wrapgen_dynamo(target), fresh_wrapgen_cache,
+                      train_build=_wrapgen_dynamo(target)) for target in wrapgen.backends.registered_backends()]
+
+
 def select(contenders: list[Contender], names: str | None) -> list[Contender]:
     """Contenders named in a comma-separated list; `wrapgen` names every `wrapgen[...]` target,
     `torch.compile` both of its modes. Eager is always kept: it is the reference. Opt-in

@@ -1,0 +1,105 @@
+"""The suite's page: per suite the pass rate and the geometric mean against torch.compile of each
+contender, the models below 1.0x, then per model every contender's time, cold compile and peak,
+wrapgen's lowered program (kernels, launches, library calls by op) and every failure's reason."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from benchmarks.model_report import ratio_table, results_table
+from benchmarks.report import Report, header_lines, table_cell
+
+INDUCTOR = "torch.compile"
+
+
+def _suite_of(report: Report, workload: str) -> str:
+    return report.extra.get("suites", {}).get(workload.removesuffix("-train"), workload.split("/")[0])
+
+
+def _contenders(report: Report) -> list[str]:
+    return [c for c in report.contenders() if c != "eager"]
+
+
+def summary_table(report: Report) -> list[str]:
+    """Suite x contender: models passing (equal to eager's within tolerance) of those built, and the
+    geometric mean of torch.compile's time over the contender's where both passed."""
+    contenders = _contenders(report)
+    by_suite: dict[str, list[str]] = defaultdict(list)
+    for workload in report.workloads:
+        by_suite[_suite_of(report, workload)].append(workload)
+    lines = ["| suite | models | " + " | ".join(f"{c}: passed, geomean vs {INDUCTOR}" for c in contenders) + " |",
+             "|---|---:|" + "---|" * len(contenders)]
+    for suite, workloads in by_suite.items():
+        cells = []
+        for contender in contenders:
+            results = [r for r in report.results if r.contender == contender and r.workload in workloads]
+            passed = sum(r.status == "ok" for r in results)
+            ratios = [x for r in results if r.status == "ok" and (x := report.vs_torch_compile(r))]
+            mean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios and contender != INDUCTOR else None
+            cells.append(f"{passed}/{len(results)}" + (f", {mean:.2f}x" if mean else ""))
+        lines.append(f"| {suite} | {len(workloads)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def below_inductor(report: Report) -> list[str]:
+    """Every (model, contender) that passed but ran slower than torch.compile."""
+    slow = [(r.workload, r.contender, x) for r in report.results
+            if r.status == "ok" and r.contender.startswith("wrapgen") and (x := report.vs_torch_compile(r)) and x < 1.0]
+    return [f"- {w} / {c}: {x:.2f}x" for w, c, x in sorted(slow, key=lambda t: t[2])] or ["- none"]
+
+
+def lowering_table(report: Report) -> list[str]:
+    lowering = report.extra.get("lowering") or {}
+    if not lowering:
+        return []
+    lines = ["| model | generated kernels | launches | library calls | library calls by op |", "|---|---:|---:|---:|---|"]
+    for name, counts in lowering.items():
+        if isinstance(counts, str):
+            lines.append(f"| {name} | — | — | — | did not lower: `{table_cell(counts)}` |")
+            continue
+        ops = sorted(counts["library_calls"].items(), key=lambda kv: -kv[1])
+        text = ", ".join(f"{op} {n}" for op, n in ops)
+        lines.append(f"| {name} | {counts['kernels']} | {counts['launches']} | {sum(counts['library_calls'].values())} "
+                     f"| {table_cell(text) or '—'} |")
+    return lines
+
+
+def markdown(report: Report) -> str:
+    settings = report.extra
+    rows = {
+        "suite": f"`{settings.get('command', 'python -m benchmarks.suite')}`",
+        "dtype, size": f"{settings.get('dtype')}, {settings.get('size')} (token ids int64)",
+        "tolerance": "; ".join(f"{task}: rtol {rtol:g}, atol {atol:g}" for task, (rtol, atol)
+                               in settings.get("tolerances", {}).items()) + " (atol × each output's max magnitude)",
+        "transformers": settings.get("transformers") or "not installed",
+        "torchvision": settings.get("torchvision") or "not importable",
+    }
+    lines = header_lines(report, "wrapgen model suite", rows)
+    lines += ["## Per suite", "", *summary_table(report), "",
+              "Below 1.0x torch.compile (passed, slower):", "", *below_inductor(report), ""]
+    not_built = settings.get("not_built") or {}
+    if not_built:
+        reasons = defaultdict(list)
+        for name, why in not_built.items():
+            reasons[why].append(name)
+        lines += ["Not built here:", ""] + [f"- {', '.join(names)}: {why}" for why, names in reasons.items()] + [""]
+    lines += ["## vs torch.compile", "", *ratio_table(report), ""]
+    lines += ["## Results", "", *results_table(report), ""]
+    failures = [r for r in report.results if r.status != "ok"]
+    if failures:
+        lines += ["## Failures", ""]
+        lines += [f"- **{r.workload} / {r.contender}** — {r.status}: `{table_cell(r.detail)[:500]}`" for r in failures]
+        lines.append("")
+    if settings.get("lowering"):
+        lines += ["## wrapgen's programs", "", *lowering_table(report), ""]
+    lines += ["## Models (random weights, eval mode)", "", "| model | what |", "|---|---|"]
+    lines += [f"| {name} | {table_cell(text)} |" for name, text in report.workloads.items()]
+    lines += ["", "## Method", "",
+              "- Models are built from configs (transformers) or constructors (timm, torchvision) with random",
+              "  weights, in eval mode, cast to the dtype; transformers models run without a KV cache and return",
+              "  one tensor. Each contender is built with empty compile caches (its first call is its cold",
+              "  compile), checked against eager's output (`torch.testing.assert_close`-style, the tolerance",
+              "  above), then timed; rounds rotate the contenders' order; the median over rounds is reported.",
+              f"- Plan: {report.plan.get('repeats')} samples per measurement, {report.rounds} round(s)."]
+    return "\n".join(lines).rstrip() + "\n"

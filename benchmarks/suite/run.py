@@ -1,0 +1,127 @@
+"""Run the model suite: every model of the chosen suites x every contender, then one page per run
+(`suite-<suites>-<dtype>-<size>[-training]-<device>-<date>-<machine>-<commit>.{md,png,json}`).
+
+    python -m benchmarks.suite [--device cpu|cuda] [--suites huggingface,timm,torchvision]
+        [--models gpt2,timm/resnet50] [--dtype fp32|bf16|fp16] [--size small|full] [--training]
+        [--contenders eager,torch.compile,wrapgen[python],wrapgen[cpp],wrapgen-dynamo[python],...]
+        [--rounds N] [--repeats N] [--no-lowering] [--out-dir DIR]
+
+Contenders (each built with cold caches, checked against eager, then timed in rounds whose order
+rotates): eager; torch.compile (Inductor); wrapgen.compile per target (`wrapgen[python]`,
+`wrapgen[cpp]`); torch.compile(backend="wrapgen") per target (`wrapgen-dynamo[python]`, ...),
+the entry point most users take. Training steps (the causal language models, `--training`) go
+through torch.compile for every compiler. Per model, wrapgen's lowered program is counted too:
+generated kernels, their launches and the library calls left, by op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from benchmarks import contenders as contenders_mod
+from benchmarks import machine, report
+from benchmarks.contenders import Contender
+from benchmarks.harness import run_benchmarks
+from benchmarks.measure import TimingPlan
+from benchmarks.model_lowering import LoweringCounts, count
+from benchmarks.models import library_versions
+from benchmarks.suite import catalog, page
+from benchmarks.suite.vision import available
+
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+DEFAULT_CONTENDERS = "torch.compile,wrapgen[python],wrapgen[cpp],wrapgen-dynamo[python],wrapgen-dynamo[cpp]"
+
+
+def contenders(device: str, names: str) -> list[Contender]:
+    """eager (always) and the named ones; `wrapgen-dynamo[t]` is torch.compile(backend="wrapgen")."""
+    every = [c for c in contenders_mod.default_contenders(device) if c.name != "torch.compile[reduce-overhead]"]
+    every += contenders_mod.dynamo_entry_contenders()
+    return contenders_mod.select(every, names)
+
+
+def lowering_counts(chosen: list[catalog.Entry], device: str, dtype: torch.dtype, size: str) -> dict[str, LoweringCounts | str]:
+    """Each model's lowered program counted (or why it did not lower)."""
+    import wrapgen
+
+    found: dict[str, LoweringCounts | str] = {}
+    for entry in chosen:
+        try:
+            model, inputs = entry.build(device, dtype, size)
+            with torch.no_grad():
+                found[entry.key] = count(wrapgen.lower(model, inputs))
+        except Exception as error:  # a model that does not lower is a row that says why
+            found[entry.key] = f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+    return found
+
+
+def suite_name(args: argparse.Namespace) -> str:
+    """`suite-<suites>-<dtype>-<size>[-training][-<models>]`: what the page's run covered."""
+    present = {e.suite for e in catalog.select(args.suites, args.models)}
+    suites = "-".join(s for s in catalog.SUITES if s in present)
+    name = f"suite-{suites}-{args.dtype}-{args.size}" + ("-training" if args.training else "")
+    if args.models:
+        name += "-" + "-".join(m.replace("/", "_") for m in args.models.split(",") if m.strip())[:60]
+    return name
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.suite", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    parser.add_argument("--suites", default=",".join(catalog.SUITES), help="comma-separated subset of the suites")
+    parser.add_argument("--models", default=None, help="only these models (a name, or suite/name)")
+    parser.add_argument("--dtype", choices=tuple(catalog.DTYPES), default=None, help="default: bf16 on cuda, fp32 on cpu")
+    parser.add_argument("--size", choices=catalog.SIZES, default=None, help="default: full on cuda, small on cpu")
+    parser.add_argument("--training", action="store_true", help="also a training step of each causal language model")
+    parser.add_argument("--contenders", default=DEFAULT_CONTENDERS, help="comma-separated (eager always runs)")
+    parser.add_argument("--rounds", type=int, default=3, help="whole measurements per cell (medians reported)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed samples per measurement")
+    parser.add_argument("--quick", action="store_true", help="few samples, no warm-up: a smoke run")
+    parser.add_argument("--no-lowering", action="store_true", help="skip counting each model's lowered program")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
+    args.size = args.size or ("full" if args.device == "cuda" else "small")
+    try:
+        catalog.select(args.suites, args.models)
+        contenders(args.device, args.contenders)
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> list[Path]:
+    args = parse_args(argv)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    chosen = catalog.select(args.suites, args.models)
+    skipped = {e.key: problem for e in chosen if e.suite != "huggingface" and (problem := available(e.suite))}
+    runnable = [e for e in chosen if e.key not in skipped]
+    plan = (TimingPlan(repeats=3, warmup=1, min_sample_s=0.001, max_calls=10) if args.quick
+            else TimingPlan(repeats=args.repeats))
+    started = time.perf_counter()
+    result = run_benchmarks(args.device, catalog.workloads(runnable, args.size, args.dtype, args.training),
+                            contenders(args.device, args.contenders), plan, args.size,
+                            8 * 2**20 if args.quick else 256 * 2**20, not args.no_progress,
+                            warm=not args.quick, rounds=1 if args.quick else args.rounds)
+    lowering = {} if args.no_lowering else lowering_counts(runnable, args.device, catalog.DTYPES[args.dtype], args.size)
+    result.elapsed_s = time.perf_counter() - started
+    result.extra = {"suite": "suite", "dtype": args.dtype, "size": args.size, "tolerances": catalog.TOLERANCES[args.dtype],
+                    "atol_scaled": True, "suites": {e.key: e.suite for e in chosen}, "not_built": skipped,
+                    "lowering": {k: v if isinstance(v, str) else {"kernels": v.kernels, "launches": v.launches,
+                                                                   "library_calls": dict(v.extern)}
+                                 for k, v in lowering.items()},
+                    "command": "python -m benchmarks.suite " + " ".join(argv or []), **library_versions()}
+    stem = machine.file_stem(result.info, suite_name(args))
+    paths = report.write(result, args.out_dir, stem, render=page.markdown)
+    print("\n".join(page.summary_table(result)))
+    for path in paths:
+        print(f"wrote {path}")
+    return paths

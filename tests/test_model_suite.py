@@ -1,0 +1,65 @@
+"""The model suite (benchmarks/suite): its lists, every transformers model building at the small
+size, and a small slice run through both wrapgen entry points and checked against eager."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.suite import catalog, huggingface, run, vision  # noqa: E402
+
+pytest.importorskip("transformers")
+
+
+def test_the_suites_hold_the_architectures_the_issue_names() -> None:
+    counts = {suite: len(catalog.entries((suite,))) for suite in catalog.SUITES}
+    assert counts["huggingface"] >= 20 and counts["timm"] >= 20 and counts["torchvision"] >= 10, counts
+    keys = [e.key for e in catalog.entries()]
+    assert len(keys) == len(set(keys))
+    assert sum(e.trainable for e in catalog.entries()) * 3 >= counts["huggingface"]  # a third trains
+    assert [e.key for e in catalog.select("timm,torchvision", "resnet50")] == ["timm/resnet50", "torchvision/resnet50"]
+    with pytest.raises(ValueError, match="unknown model"):
+        catalog.select(None, "gpt3")
+    with pytest.raises(ValueError, match="unknown suite"):
+        catalog.select("tensorflow", None)
+
+
+@pytest.mark.parametrize("model", huggingface.MODELS, ids=lambda m: m.name)
+def test_every_transformers_model_builds_small_and_runs_eager(model: huggingface.HFModel) -> None:
+    module, inputs = huggingface.build(model, torch.device("cpu"), torch.float32, "small")
+    with torch.no_grad():
+        out = module(*inputs)
+    assert isinstance(out, torch.Tensor) and out.shape[0] == inputs[0].shape[0] and torch.isfinite(out).all()
+
+
+def test_a_library_that_does_not_import_is_named_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vision, "torchvision_available", lambda: False)
+    assert "torchvision does not import" in vision.available("torchvision")
+    with pytest.raises(Exception, match="torchvision does not import"):
+        vision.build(vision.TORCHVISION[0], torch.device("cpu"), torch.float32, "small")
+
+
+def test_a_small_slice_passes_through_both_entry_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vision, "torchvision_available", lambda: False)  # the same page on every machine
+    paths = run.main(["--device", "cpu", "--models", "gpt2,t5,swin,torchvision/resnet18", "--quick", "--no-progress",
+                      "--contenders", "wrapgen[python],wrapgen[cpp],wrapgen-dynamo[python]", "--out-dir", str(tmp_path)])
+    md = next(p for p in paths if p.suffix == ".md")
+    assert re.fullmatch(r"suite-huggingface-torchvision-fp32-small-gpt2-t5-swin-torchvision-resnet18-cpu-"
+                        r"\d{4}-\d{2}-\d{2}-[\w.-]+\.md", md.name), md.name
+    results = json.loads(md.with_suffix(".json").read_text())
+    rows = {(r["workload"], r["contender"]): r for r in results["results"]}
+    assert {w for w, _ in rows} == {"huggingface/gpt2", "huggingface/t5", "huggingface/swin"}
+    for (workload, contender), r in rows.items():
+        assert r["status"] == "ok", (workload, contender, r["detail"])
+    lowering = results["settings"]["lowering"]
+    assert all(isinstance(v, dict) and v["kernels"] > 0 for v in lowering.values()), lowering
+    text = md.read_text()
+    assert "| huggingface | 3 |" in text and "3/3" in text
+    assert "torchvision/resnet18: torchvision does not import here" in text
