@@ -25,6 +25,9 @@ Modules, one job each:
     interleaved     the real models' warm calls, every contender kept and timed in rotating rounds
     optimizer       torch.compile(opt.step) (Adam/AdamW/SGD) vs eager foreach and fused, state checked
     decode          greedy decode of a Llama-style LM with a StaticCache: ms/token, tokens checked
-    step_rounds     what optimizer and decode share: rotating rounds with per-contender failures, files
+    step_rounds     what optimizer, decode and distributed share: rotating rounds with per-contender failures, files
+    suite/          the broad model suite (transformers, timm, torchvision lists; both wrapgen entry points)
+    distributed     sharded models on several ranks under torchrun (tensor parallelism, FSDP2): per-step time,
+                    exposed communication, peak per rank (distributed_models: the models; distributed_report: the page)
     run             the command line
 """
