@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import sympy
 import torch
 
+from wrapgen.kernels.cpp import epilogue_tiles
 from wrapgen.kernels.cpp.printer import cpp_index
 from wrapgen.kernels.cpp.row_cache import plan_row_cache
 from wrapgen.kernels.cpp.row_offsets import hoist_row_offsets
@@ -337,6 +338,7 @@ class CppKernelCodegen:
         work = sympy.Mul(*g.rows, *g.reduced) if (g.rows or g.reduced) else sympy.Integer(1)
         parallel = self._parallel_clause(work)
         xs, local, memo = row_vars(len(g.rows)), {}, {}
+        tile = epilogue_tiles.tile_size(self)
         for d, (x, extent) in enumerate(zip(xs, g.rows)):
             last = d == len(xs) - 1
             if not g.reduced and last:
@@ -346,14 +348,17 @@ class CppKernelCodegen:
                 collapse = len(xs) if g.reduced else len(xs) - 1
                 clause = f" collapse({collapse})" if collapse > 1 else ""
                 body.line(f"#pragma omp parallel for{clause}{parallel}")
-            body.line(f"for (int64_t {x} = 0; {x} < {self.size(extent)}; ++{x}) {{")
+            if tile is not None and last:
+                body.line(f"for (int64_t {x}t = 0; {x}t < {self.size(extent)}; {x}t += {tile}) {{")
+            else:
+                body.line(f"for (int64_t {x} = 0; {x} < {self.size(extent)}; ++{x}) {{")
             body.depth += 1
         if not xs:
             body.line("{")
             body.depth += 1
         for cached in self.row_cache.values():
             body.line(f"alignas(64) {ctype(cached.body.dtype)} {cached.array}[{self.size(sympy.Mul(*g.reduced))}];")
-        for item, (kind, ms) in enumerate(self.items):
+        for item, (kind, ms) in enumerate(self.items if tile is None else ()):
             self.current_item = item
             if kind == "row":
                 m = ms[0]
@@ -362,6 +367,8 @@ class CppKernelCodegen:
                 self.store(m, var, body, memo, local)
             else:
                 self.segment(ms, memo, local, body)
+        if tile is not None:
+            epilogue_tiles.emit(self, xs[-1], int(g.rows[-1]), tile, memo, local, body)
         for _ in range(max(len(xs), 1)):
             body.depth -= 1
             body.line("}")
