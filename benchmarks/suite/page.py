@@ -49,19 +49,44 @@ def below_inductor(report: Report) -> list[str]:
     return [f"- {w} / {c}: {x:.2f}x" for w, c, x in sorted(slow, key=lambda t: t[2])] or ["- none"]
 
 
+def _program_cells(counts: dict | str) -> list[str]:
+    if isinstance(counts, str):
+        return ["—", "—", "—", f"did not lower: `{table_cell(counts)}`"]
+    ops = sorted(counts["library_calls"].items(), key=lambda kv: -kv[1])
+    text = ", ".join(f"{op} {n}" for op, n in ops)
+    return [str(counts["kernels"]), str(counts["launches"]), str(sum(counts["library_calls"].values())),
+            table_cell(text) or "—"]
+
+
+def _normalized(counts: dict | str) -> dict | str:
+    """Counts with aot_autograd's backend-specific attention ops (`_scaled_dot_product_flash_attention_for_cpu`,
+    `..._cudnn_attention`) named as the op they implement: both entries call the same kernel."""
+    if isinstance(counts, str):
+        return counts
+    calls: dict[str, int] = defaultdict(int)
+    for op, n in counts["library_calls"].items():
+        calls["scaled_dot_product_attention" if op.startswith("_scaled_dot_product_") else op] += n
+    return {**counts, "library_calls": dict(calls)}
+
+
 def lowering_table(report: Report) -> list[str]:
+    """Per model, wrapgen.compile's program (kernels, launches, library calls by op), and whether
+    torch.compile(backend="wrapgen") handed wrapgen graphs that became the same program."""
     lowering = report.extra.get("lowering") or {}
     if not lowering:
         return []
-    lines = ["| model | generated kernels | launches | library calls | library calls by op |", "|---|---:|---:|---:|---|"]
-    for name, counts in lowering.items():
-        if isinstance(counts, str):
-            lines.append(f"| {name} | — | — | — | did not lower: `{table_cell(counts)}` |")
-            continue
-        ops = sorted(counts["library_calls"].items(), key=lambda kv: -kv[1])
-        text = ", ".join(f"{op} {n}" for op, n in ops)
-        lines.append(f"| {name} | {counts['kernels']} | {counts['launches']} | {sum(counts['library_calls'].values())} "
-                     f"| {table_cell(text) or '—'} |")
+    lines = ["| model | generated kernels | launches | library calls | library calls by op | through torch.compile |",
+             "|---|---:|---:|---:|---|---|"]
+    for name, entries in lowering.items():
+        compiled, dynamo = entries.get("compile", "—"), entries.get("dynamo", "—")
+        if isinstance(dynamo, str):
+            other = f"did not lower: `{table_cell(dynamo)}`"
+        elif _normalized(dynamo) == _normalized(compiled):
+            other = "the same" if dynamo == compiled else "the same (attention as the backend's SDPA kernel)"
+        else:
+            cells = _program_cells(dynamo)
+            other = f"{cells[0]} kernels, {cells[1]} launches, library: {cells[3]}"
+        lines.append(f"| {name} | " + " | ".join(_program_cells(compiled)) + f" | {other} |")
     return lines
 
 

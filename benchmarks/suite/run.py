@@ -17,10 +17,12 @@ generated kernels, their launches and the library calls left, by op.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,19 +47,75 @@ def contenders(device: str, names: str) -> list[Contender]:
     return contenders_mod.select(every, names)
 
 
-def lowering_counts(chosen: list[catalog.Entry], device: str, dtype: torch.dtype, size: str) -> dict[str, LoweringCounts | str]:
-    """Each model's lowered program counted (or why it did not lower)."""
-    import wrapgen
+@contextlib.contextmanager
+def recorded_programs() -> Iterator[list]:
+    """Every program wrapgen emits inside the block (through either entry point), in order."""
+    import wrapgen.api
 
-    found: dict[str, LoweringCounts | str] = {}
+    programs: list = []
+    start_emit = wrapgen.api._start_emit  # every program emitted goes through it
+
+    def recording(program: Any, target: str) -> Any:
+        programs.append(program)
+        return start_emit(program, target)
+
+    wrapgen.api._start_emit = recording
+    try:
+        yield programs
+    finally:
+        wrapgen.api._start_emit = start_emit
+
+
+def _merged(programs: list) -> LoweringCounts:
+    total = LoweringCounts()
+    for program in programs:
+        counts = count(program)
+        total.kernels, total.launches = total.kernels + counts.kernels, total.launches + counts.launches
+        total.extern.update(counts.extern)
+    return total
+
+
+def _why(error: Exception) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+
+
+def lowering_counts(chosen: list[catalog.Entry], device: str, dtype: torch.dtype, size: str
+                    ) -> dict[str, dict[str, LoweringCounts | str]]:
+    """Each model's programs counted through each entry point (`compile`: wrapgen.lower, what
+    wrapgen.compile runs; `dynamo`: the graphs torch.compile(backend="wrapgen") hands wrapgen at
+    the first call), or why one did not lower: the two should be the same program."""
+    import wrapgen
+    import wrapgen.dynamo
+
+    wrapgen.dynamo.ensure_registered()
+    found: dict[str, dict[str, LoweringCounts | str]] = {}
     for entry in chosen:
+        found[entry.key] = counts = {}
         try:
             model, inputs = entry.build(device, dtype, size)
-            with torch.no_grad():
-                found[entry.key] = count(wrapgen.lower(model, inputs))
-        except Exception as error:  # a model that does not lower is a row that says why
-            found[entry.key] = f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+        except Exception as error:  # a model that does not build is a row that says why
+            counts["compile"] = counts["dynamo"] = _why(error)
+            continue
+        with torch.no_grad():
+            try:
+                counts["compile"] = count(wrapgen.lower(model, inputs))
+            except Exception as error:
+                counts["compile"] = _why(error)
+            torch._dynamo.reset()
+            try:
+                with recorded_programs() as programs:
+                    torch.compile(model, backend="wrapgen", options={"target": "python"})(*inputs)
+                counts["dynamo"] = _merged(programs)
+            except Exception as error:
+                counts["dynamo"] = _why(error)
+            torch._dynamo.reset()
     return found
+
+
+def _as_json(counts: LoweringCounts | str) -> dict[str, Any] | str:
+    if isinstance(counts, str):
+        return counts
+    return {"kernels": counts.kernels, "launches": counts.launches, "library_calls": dict(counts.extern)}
 
 
 def suite_name(args: argparse.Namespace) -> str:
@@ -115,9 +173,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     result.elapsed_s = time.perf_counter() - started
     result.extra = {"suite": "suite", "dtype": args.dtype, "size": args.size, "tolerances": catalog.TOLERANCES[args.dtype],
                     "atol_scaled": True, "suites": {e.key: e.suite for e in chosen}, "not_built": skipped,
-                    "lowering": {k: v if isinstance(v, str) else {"kernels": v.kernels, "launches": v.launches,
-                                                                   "library_calls": dict(v.extern)}
-                                 for k, v in lowering.items()},
+                    "lowering": {k: {entry: _as_json(c) for entry, c in v.items()} for k, v in lowering.items()},
                     "command": "python -m benchmarks.suite " + " ".join(argv or []), **library_versions()}
     stem = machine.file_stem(result.info, suite_name(args))
     paths = report.write(result, args.out_dir, stem, render=page.markdown)
