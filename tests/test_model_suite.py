@@ -65,3 +65,20 @@ def test_a_small_slice_passes_through_both_entry_points(tmp_path: Path, monkeypa
     assert "| huggingface | 3 |" in text and "3/3" in text
     assert "torchvision/resnet18: torchvision does not import here" in text
     assert "through torch.compile" in text
+
+
+def test_a_tensor_built_in_forward_is_no_library_call_through_torch_compile() -> None:
+    """torch.compile hands wrapgen `lift_fresh_copy` of a constant the forward builds from Python
+    data: it fuses as a clone, so both entry points run the same library calls."""
+    from benchmarks.model_lowering import count
+
+    class Scaled(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * torch.tensor([1.0, 2.0, 3.0, 4.0]) + 1.0
+
+    x = torch.randn(3, 4)
+    with run.recorded_programs() as programs:
+        compiled = torch.compile(Scaled(), backend="wrapgen", options={"target": "python"})
+        torch.testing.assert_close(compiled(x), Scaled()(x))
+    counts = [count(p) for p in programs]
+    assert counts and all(not c.extern for c in counts), [c.by_op() for c in counts]

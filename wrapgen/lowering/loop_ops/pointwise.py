@@ -211,9 +211,12 @@ def _to_copy_check(node: torch.fx.Node) -> bool:
     )
 
 
-@register("aten::_to_copy.default", "aten::clone.default", check=_to_copy_check)
+@register("aten::_to_copy.default", "aten::clone.default", "aten::lift_fresh_copy.default", check=_to_copy_check)
 def _copy(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
-    """A cast: to a half dtype it rounds here, so later ops of the fusion see eager's value."""
+    """A cast: to a half dtype it rounds here, so later ops of the fusion see eager's value.
+    `lift_fresh_copy` is the copy aot_autograd makes of a tensor a forward builds from Python
+    data (`torch.tensor([...])`; DeBERTa's and BEiT's position tables): fused as a clone, where
+    left whole it was a library call per run that torch.export's graph of the model lacks."""
     out = out_fake(node)
     sizes = ctx.shape(out.shape)
     return LoopValue(sizes, operand(ctx, node.args[0], sizes, out.dtype), out.dtype)
