@@ -368,7 +368,7 @@ class CppKernelCodegen:
             else:
                 self.segment(ms, memo, local, body)
         if tile is not None:
-            epilogue_tiles.emit(self, xs[-1], int(g.rows[-1]), tile, memo, local, body)
+            epilogue_tiles.emit(self, xs[-1], int(g.rows[-1]), tile, memo, local, body, ctype)
         for _ in range(max(len(xs), 1)):
             body.depth -= 1
             body.line("}")

@@ -12,14 +12,18 @@ followed by row members, a static innermost row extent, no data-dependent reads 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
 import sympy
+import torch
 
 from wrapgen.loop_ir import Apply, Load, walk
 
-if TYPE_CHECKING:
-    from wrapgen.kernels.cpp.codegen import CppKernelCodegen, _Writer
+# The kernel generator (codegen.CppKernelCodegen) and its line writer: typed loosely here, since
+# codegen imports this module.
+Generator = Any
+Writer = Any
 
 TILE = 16  # rows per tile: a few vectors' worth of results, held in the reduction's arrays
 COSTLY = frozenset({"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos",
@@ -27,7 +31,7 @@ COSTLY = frozenset({"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "si
                     "silu", "pow"})
 
 
-def tile_size(gen: CppKernelCodegen) -> int | None:
+def tile_size(gen: Generator) -> int | None:
     """The tile length for this kernel, or None where its epilogue stays inside the row loop."""
     g, items = gen.group, gen.items
     if not g.rows or not g.reduced or gen.row_cache or len(items) < 2 or items[0][0] != "segment":
@@ -47,10 +51,11 @@ def tile_size(gen: CppKernelCodegen) -> int | None:
     return TILE if costly else None
 
 
-def emit(gen: CppKernelCodegen, x: str, extent: int, tile: int, memo: dict, local: dict[str, str], w: _Writer) -> None:
+def emit(gen: Generator, x: str, extent: int, tile: int, memo: dict, local: dict[str, str], w: Writer,
+         ctype: Callable[[torch.dtype], str]) -> None:
     """The body of the tile loop over `x` (the innermost row variable, its tile's first row in
-    `{x}t`): the reductions of each row of the tile, then the epilogue over the tile."""
-    from wrapgen.kernels.cpp.codegen import ctype
+    `{x}t`): the reductions of each row of the tile, then the epilogue over the tile. `ctype`
+    names a dtype's C type."""
 
     _, reduced_members = gen.items[0]
     reductions = [m for m in reduced_members if m.level == "reduction"]
