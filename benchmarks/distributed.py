@@ -414,10 +414,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) (default: torch's)")
     parser.add_argument("--out-dir", type=Path, default=None, help="write the page and its numbers here (rank 0)")
     args = parser.parse_args(argv)
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available")
+    step_rounds.settle_device(parser, args)
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be at least 1")
     for option in ("rounds", "steps", "check_steps", "profile_steps"):

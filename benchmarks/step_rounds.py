@@ -194,6 +194,14 @@ def rows_json(rows: Sequence[Row]) -> list[dict[str, Any]]:
     return [asdict(r) | {"median_s": r.median_s} for r in rows]
 
 
+def settle_device(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`args.device`: CUDA when available if not given; a parser error if CUDA was asked for and is missing."""
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+
+
 def parse_common(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """Add the options every step benchmark shares (--threads, --out-dir), parse, and settle the
     device (CUDA when available) and --small (the default off CUDA)."""
@@ -202,10 +210,7 @@ def parse_common(parser: argparse.ArgumentParser, argv: Sequence[str] | None) ->
     args = parser.parse_args(argv)
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be at least 1")
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available")
+    settle_device(parser, args)
     if args.small is None:
         args.small = args.device != "cuda"
     return args

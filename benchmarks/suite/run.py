@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from benchmarks import contenders as contenders_mod
-from benchmarks import machine, report
+from benchmarks import machine, report, step_rounds
 from benchmarks.contenders import Contender
 from benchmarks.harness import run_benchmarks
 from benchmarks.measure import TimingPlan
@@ -144,8 +144,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    step_rounds.settle_device(parser, args)
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     args.size = args.size or ("full" if args.device == "cuda" else "small")
     try:
