@@ -1,6 +1,6 @@
 """A/B of channels-last convolutions (wrapgen/lowering/graph_passes/conv_layout.py) on one model: wrapgen with
-the rewrite off and on, and eager NCHW vs channels-last, interleaved rounds, median per call.
-It is how the CPU default (off) was decided; on CUDA it measures the shipped default against off.
+the rewrite off, on for every convolution, and as shipped (on the CPU: each convolution where it measured
+faster, conv_choice.py), and eager NCHW vs channels-last, interleaved rounds, median per call.
 
     python -m benchmarks.conv_layout_ab [--device cpu|cuda] [--target cpp] [--dtype fp32|bf16]
                                         [--size small|full] [--rounds 20]
@@ -55,8 +55,9 @@ def main(argv: list[str] | None = None) -> None:
     channels_last_model = copy.deepcopy(model).to(memory_format=torch.channels_last)
     with wrapgen.config.patch(layout_optimization=False):
         off = wrapgen.compile(model, (x,), target=args.target)
+    shipped = wrapgen.compile(model, (x,), target=args.target)
     devices = conv_layout.DEVICES
-    conv_layout.DEVICES = frozenset({*devices, args.device})  # on, on this device too
+    conv_layout.DEVICES = frozenset({*devices, args.device})  # on for every convolution, on this device too
     try:
         with wrapgen.config.patch(layout_optimization=True):
             on = wrapgen.compile(model, (x,), target=args.target)
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         "eager channels-last": lambda: channels_last_model(x.contiguous(memory_format=torch.channels_last)),
         "wrapgen, rewrite off": lambda: off(x),
         "wrapgen, rewrite on": lambda: on(x),
+        "wrapgen, as shipped": lambda: shipped(x),
     }
     tol = {"rtol": 5e-2, "atol": 5e-2} if args.dtype == "bf16" else {"rtol": 1e-3, "atol": 1e-3}
     times: dict[str, list[float]] = {name: [] for name in contenders}
@@ -74,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         expected = model(x)
         torch.testing.assert_close(off(x), expected, **tol)
         torch.testing.assert_close(on(x), expected, **tol)
+        torch.testing.assert_close(shipped(x), expected, **tol)
         for fn in contenders.values():
             fn()
             fn()
@@ -86,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {name:22s} median {statistics.median(samples):8.3f} ms   min {min(samples):8.3f} ms")
     on_off = statistics.median(times["wrapgen, rewrite on"]) / statistics.median(times["wrapgen, rewrite off"])
     cl_nchw = statistics.median(times["eager channels-last"]) / statistics.median(times["eager NCHW"])
-    print(f"  wrapgen on/off {on_off:.3f}   eager channels-last/NCHW {cl_nchw:.3f}   (< 1: channels-last wins)")
+    shipped_off = statistics.median(times["wrapgen, as shipped"]) / statistics.median(times["wrapgen, rewrite off"])
+    print(f"  wrapgen shipped/off {shipped_off:.3f}   on/off {on_off:.3f}   eager channels-last/NCHW {cl_nchw:.3f}   (< 1: channels-last wins)")
 
 
 if __name__ == "__main__":

@@ -158,7 +158,10 @@ def run_benchmarks(
     progress: bool = True,
     warm: bool = True,
     rounds: int = 1,
+    checkpoint: Callable[[Report], None] | None = None,
 ) -> Report:
+    """Every workload x contender, in rounds; `checkpoint` gets the report so far after each
+    workload (a long run cut short keeps what it measured)."""
     info = machine.collect(device)
     started = time.perf_counter()
     results: list[Result] = []
@@ -173,7 +176,7 @@ def run_benchmarks(
         bar.set_description("copy bandwidth")
         bandwidth = measure.copy_bandwidth(device, copy_buffer_bytes, plan)
         bar.update()
-        for workload in chosen:
+        for position, workload in enumerate(chosen):
             active = contenders_for(workload, contenders)
             try:
                 model, inputs = workload.build(device, profile)
@@ -208,12 +211,21 @@ def run_benchmarks(
             for row in finished:  # a run cut short still shows what it measured
                 tqdm.write(_row_line(row), file=sys.stderr)
             results += finished
+            if checkpoint is not None:
+                done = chosen[:position + 1]
+                checkpoint(_report(info, profile, plan, bandwidth, copy_buffer_bytes, done, results, started, rounds))
             del model, inputs, reference
             gc.collect()
             measure.release(device)
     finally:
         bar.close()
         shutil.rmtree(cache_root, ignore_errors=True)
+    return _report(info, profile, plan, bandwidth, copy_buffer_bytes, chosen, results, started, rounds)
+
+
+def _report(info: machine.MachineInfo, profile: str, plan: TimingPlan, bandwidth: float | None,
+            copy_buffer_bytes: int, chosen: list[Workload], results: list[Result], started: float,
+            rounds: int) -> Report:
     return Report(
         info=info,
         profile=profile,
@@ -226,7 +238,7 @@ def run_benchmarks(
         copy_bandwidth=bandwidth,
         copy_buffer_bytes=copy_buffer_bytes,
         workloads={w.name: w.size_text(profile) for w in chosen},
-        results=results,
+        results=list(results),
         elapsed_s=time.perf_counter() - started,
         rounds=rounds,
     )

@@ -145,7 +145,7 @@ def header_lines(report: Report, title: str = "wrapgen benchmarks", settings: di
         *(f"| {key} | {value} |" for key, value in (settings or {}).items()),
         f"| copy bandwidth | {fmt_value(report.copy_bandwidth and report.copy_bandwidth / 1e9, '.1f', ' GB/s')}"
         f" (`dst.copy_(src)`, {report.copy_buffer_bytes / 2**20:.0f} MiB buffer, read + write counted) |",
-        f"| run took | {report.elapsed_s / 60:.1f} min |",
+        f"| run took | {f'{report.elapsed_s / 60:.1f} min' if report.elapsed_s else 'not recorded'} |",
         "",
     ]
     if not on_cuda:
@@ -316,6 +316,7 @@ def write(report: Report, out_dir: Path, stem: str, render: Callable[[Report], s
         "profile": report.profile,
         "plan": report.plan,
         "rounds": report.rounds,
+        "elapsed_s": report.elapsed_s,
         "copy_bandwidth_bytes_per_s": report.copy_bandwidth,
         "workloads": report.workloads,
         **({"settings": report.extra} if report.extra else {}),

@@ -1,8 +1,10 @@
 """Channels-last convolutions (wrapgen/lowering/graph_passes/conv_layout.py) and memory-order loops
 (wrapgen/lowering/loop_order.py).
 
-The rewrite runs on CUDA only by default (on CPU mkldnn measured no faster, see README), so the
-CPU tests here turn it on for CPU through `conv_layout.DEVICES`; the CUDA tests run it as shipped.
+The rewrite runs on every convolution on CUDA; on the CPU each convolution goes channels-last where
+that measured faster (conv_choice.py). Most CPU tests here turn it on for every CPU convolution
+through `conv_layout.DEVICES`, so what they check does not depend on a timing; the CUDA tests run
+it as shipped.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from torch import nn
 
 import wrapgen
+import wrapgen.lowering.graph_passes.conv_choice as conv_choice
 import wrapgen.lowering.graph_passes.conv_layout as conv_layout
 from wrapgen.kernels.triton import compat
 from wrapgen.loop_ir import Load, red_vars, row_vars
@@ -141,10 +144,52 @@ def test_stem_pools_in_nhwc_without_copies(on_cpu, target):
     _check(model, x, target)
 
 
-def test_off_on_cpu_by_default():
+def _conv_layouts(program) -> list[bool]:
+    """Per library convolution, in order: whether it reads a channels-last input."""
+    types = {name: t for line in program.lines for name, t in line.defined_types().items()}
+    types.update({i.name: i.type for i in program.inputs})
+    found = []
+    for line in program.lines:
+        if isinstance(line, ExternKernel) and line.op == "aten::convolution.default":
+            t = types[line.args[0].name]
+            probe = torch.empty_strided([int(s) for s in t.sizes], [int(s) for s in t.strides], device="meta")
+            found.append(probe.is_contiguous(memory_format=torch.channels_last) and not probe.is_contiguous())
+    return found
+
+
+@pytest.mark.parametrize("target", ["python", "cpp"])
+def test_cpu_convolutions_take_the_measured_layout_one_by_one(monkeypatch, target):
+    """The first convolution measured faster NHWC, the others NCHW: the first reads NHWC, the
+    second reads its input copied back to NCHW, results equal eager's at eager's strides."""
+    first = []
+    monkeypatch.setattr(conv_layout, "faster_channels_last", lambda node: not first and not first.append(node))
     model, x = _eval(Block()), torch.randn(2, 3, 8, 8)
-    captured = capture(model, (x,), dynamic=False)
+    assert _conv_layouts(wrapgen.lower(model, (x,))) == [True, False, False]
+    _check(model, x, target)
+
+
+def test_cpu_convolutions_all_declined_leave_the_graph_alone(monkeypatch):
+    monkeypatch.setattr(conv_layout, "faster_channels_last", lambda node: False)
+    captured = capture(_eval(Block()), (torch.randn(2, 3, 8, 8),), dynamic=False)
     assert conv_layout.channels_last_convolutions(captured) is captured
+
+
+def test_cpu_layout_measurement_runs_each_shape_once(monkeypatch):
+    """The real measurement: a bool per convolution, each distinct one timed once per process."""
+    monkeypatch.setattr(conv_choice, "_cache", {})
+    timed = []
+    measure = conv_choice._measure
+    monkeypatch.setattr(conv_choice, "_measure", lambda *a: timed.append(a) or measure(*a))
+    captured = capture(_eval(Block()), (torch.randn(2, 3, 8, 8),), dynamic=False)
+    convs = [n for n in captured.graph_module.graph.nodes if conv_layout.is_conv2d(n, frozenset({"cpu"}))]
+    assert all(isinstance(conv_choice.faster_channels_last(n), bool) for n in convs + convs)
+    assert len(timed) == len(convs) == 3  # three distinct convolutions, each timed once
+
+
+@pytest.mark.parametrize("target", ["python", "cpp"])
+def test_cpu_default_matches_eager(target):
+    _check(_eval(Block()), torch.randn(2, 3, 8, 8), target)
+    _check(_eval(Stem()), torch.randn(2, 3, 16, 16), target)
 
 
 @pytest.mark.parametrize("target", TARGETS)

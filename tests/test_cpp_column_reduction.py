@@ -70,3 +70,44 @@ def test_batch_norm_training_on_nhwc_matches_eager():
     torch.testing.assert_close(compiled(fresh), reference(fresh))
     torch.testing.assert_close(model.bn.running_mean, reference.bn.running_mean)
     torch.testing.assert_close(model.bn.running_var, reference.bn.running_var)
+
+
+def _norm_relu_pool(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    y = torch.relu(x * torch.rsqrt(scale + 1e-5)[:, None, None] + shift[:, None, None])
+    return torch.max_pool2d(y, 3, 2, 1), torch.amin(y, dim=(0, 2))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan"])
+def test_nhwc_max_pool_and_min_run_along_channels(target, nan):
+    """A channels-last max pool (its window's index clamped, not contiguous along the window)
+    and a min over rows: blocks of channels with a NaN flag each; a NaN in a window wins."""
+    x = torch.randn(2, 20, 9, 11).contiguous(memory_format=torch.channels_last)
+    args = (x, torch.rand(20) + 0.5, torch.randn(20))
+    program = wrapgen.lower(_norm_relu_pool, args)
+    columns = [s for s in _kernels(program) if "xb +=" in s]
+    assert any("std::max" in s and "quiet_NaN" in s for s in columns), "\n".join(_kernels(program))
+    assert any("std::min" in s for s in columns), "\n".join(_kernels(program))
+    compiled = wrapgen.compile(_norm_relu_pool, args, target=target)
+    fresh = (torch.randn_like(x).contiguous(memory_format=torch.channels_last) * 2, *args[1:])
+    if nan:
+        fresh[0][1, 3, 4, 5] = float("nan")
+    for got, expected in zip(compiled(*fresh), _norm_relu_pool(*fresh)):
+        torch.testing.assert_close(got, expected, equal_nan=True)
+        assert got.stride() == expected.stride()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_nchw_pool_computes_the_norm_once_per_window(target):
+    """Per-channel work under an NCHW pooling window (a fused batch norm's scale, a square root
+    and a division) is computed before the window's loops, not once per tap."""
+    x = torch.randn(2, 6, 10, 10)
+    args = (x, torch.rand(6) + 0.5, torch.randn(6))
+    program = wrapgen.lower(_norm_relu_pool, args)
+    pool = next(s for s in _kernels(program) if "std::max" in s and "r1" in s)
+    before_window = pool.split("for (int64_t r0")[0]
+    assert "std::sqrt" in before_window, pool
+    compiled = wrapgen.compile(_norm_relu_pool, args, target=target)
+    fresh = (torch.randn_like(x), *args[1:])
+    for got, expected in zip(compiled(*fresh), _norm_relu_pool(*fresh)):
+        torch.testing.assert_close(got, expected)

@@ -3,6 +3,7 @@ size, and a small slice run through both wrapgen entry points and checked agains
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -13,7 +14,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.suite import catalog, huggingface, run, vision  # noqa: E402
+from benchmarks import machine, report  # noqa: E402
+from benchmarks.report import Report, Result  # noqa: E402
+from benchmarks.suite import catalog, huggingface, merge, run, vision  # noqa: E402
 
 pytest.importorskip("transformers")
 
@@ -48,6 +51,9 @@ def test_a_library_that_does_not_import_is_named_not_raised(monkeypatch: pytest.
 
 def test_a_small_slice_passes_through_both_entry_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vision, "torchvision_available", lambda: False)  # the same page on every machine
+    written: list[str | None] = []  # each write's partial-page notice: the page after every model, then the last
+    write = run.report.write
+    monkeypatch.setattr(run.report, "write", lambda r, *a, **k: written.append(r.extra.get("partial")) or write(r, *a, **k))
     paths = run.main(["--device", "cpu", "--models", "gpt2,t5,swin,torchvision/resnet18", "--quick", "--no-progress",
                       "--contenders", "wrapgen[python],wrapgen[cpp],wrapgen-dynamo[python]", "--out-dir", str(tmp_path)])
     md = next(p for p in paths if p.suffix == ".md")
@@ -65,6 +71,8 @@ def test_a_small_slice_passes_through_both_entry_points(tmp_path: Path, monkeypa
     assert "| huggingface | 3 |" in text and "3/3" in text
     assert "torchvision/resnet18: torchvision does not import here" in text
     assert "through torch.compile" in text
+    assert written == [f"{n} of 3 workloads measured so far" for n in (1, 2, 3)] + [None]
+    assert "a partial page" not in text
 
 
 def test_a_tensor_built_in_forward_is_no_library_call_through_torch_compile() -> None:
@@ -82,3 +90,28 @@ def test_a_tensor_built_in_forward_is_no_library_call_through_torch_compile() ->
         torch.testing.assert_close(compiled(x), Scaled()(x))
     counts = [count(p) for p in programs]
     assert counts and all(not c.extern for c in counts), [c.by_op() for c in counts]
+
+
+def _run(dtype: str, models: list[str], info: machine.MachineInfo, out: Path) -> Path:
+    results = [Result(f"huggingface/{m}", c, "ok", median_s=t) for m in models
+               for c, t in (("eager", 2e-3), ("torch.compile", 1e-3), ("wrapgen[python]", 5e-4))]
+    run_report = Report(info=info, profile="small", plan={"repeats": 3, "warmup": 1, "min_sample_s": 1e-3, "max_calls": 10}, copy_bandwidth=None, copy_buffer_bytes=0,
+                        workloads={f"huggingface/{m}": "small" for m in models}, results=results, elapsed_s=60.0,
+                        extra={"dtype": dtype, "size": "small", "suites": {f"huggingface/{m}": "huggingface" for m in models},
+                               "command": f"python -m benchmarks.suite --dtype {dtype}"})
+    return next(p for p in report.write(run_report, out, f"run-{dtype}-{models[0]}") if p.suffix == ".json")
+
+
+def test_runs_of_two_dtypes_merge_into_one_page(tmp_path: Path) -> None:
+    info = machine.collect("cpu")
+    slices = [_run("bf16", ["gpt2"], info, tmp_path), _run("bf16", ["bert"], info, tmp_path),
+              _run("fp32", ["gpt2"], info, tmp_path)]
+    paths = merge.main([str(p) for p in slices] + ["--out-dir", str(tmp_path / "page")])
+    md = next(p for p in paths if p.suffix == ".md")
+    assert md.name.startswith("suite-huggingface-bf16-fp32-small-cpu-"), md.name
+    text = md.read_text()
+    assert "| huggingface (bf16) | 2 |" in text and "| huggingface (fp32) | 1 |" in text
+    assert "huggingface/gpt2 @fp32" in text and "2.00x" in text and "2.0 min" not in text and "3.0 min" in text
+    other = dataclasses.replace(info, wrapgen_commit="0000000")
+    with pytest.raises(SystemExit):  # a run of another commit is refused
+        merge.main([str(slices[0]), str(_run("fp32", ["t5"], other, tmp_path)), "--out-dir", str(tmp_path)])

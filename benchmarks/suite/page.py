@@ -100,6 +100,8 @@ def markdown(report: Report) -> str:
         "transformers": settings.get("transformers") or "not installed",
         "torchvision": settings.get("torchvision") or "not importable",
     }
+    if settings.get("partial"):
+        rows["cut short"] = f"**a partial page**: {settings['partial']} (the run stopped before its end)"
     lines = header_lines(report, "wrapgen model suite", rows)
     lines += ["## Per suite", "", *summary_table(report), "",
               "Below 1.0x torch.compile (passed, slower):", "", *below_inductor(report), ""]

@@ -33,6 +33,7 @@ from benchmarks.harness import run_benchmarks
 from benchmarks.measure import TimingPlan
 from benchmarks.model_lowering import LoweringCounts, count
 from benchmarks.models import library_versions
+from benchmarks.report import Report
 from benchmarks.suite import catalog, page
 from benchmarks.suite.vision import available
 
@@ -164,18 +165,33 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     plan = (TimingPlan(repeats=3, warmup=1, min_sample_s=0.001, max_calls=10) if args.quick
             else TimingPlan(repeats=args.repeats))
     started = time.perf_counter()
-    result = run_benchmarks(args.device, catalog.workloads(runnable, args.size, args.dtype, args.training),
+    dtype = catalog.DTYPES[args.dtype]
+    settings = {"suite": "suite", "dtype": args.dtype, "size": args.size, "tolerances": catalog.TOLERANCES[args.dtype],
+                "atol_scaled": True, "suites": {e.key: e.suite for e in chosen}, "not_built": skipped,
+                "command": "python -m benchmarks.suite " + " ".join(argv or []), **library_versions()}
+    stem: list[str] = []  # fixed at the first checkpoint: every later write replaces the same files
+
+    def write(measured: Report, lowering: dict) -> list[Path]:
+        measured.extra = {**settings, "lowering": {k: {entry: _as_json(c) for entry, c in v.items()}
+                                                   for k, v in lowering.items()}}
+        if not stem:
+            stem.append(machine.file_stem(measured.info, suite_name(args)))
+        return report.write(measured, args.out_dir, stem[0], render=page.markdown)
+
+    def checkpoint(partial: Report) -> None:
+        """The page so far, after each model (a run cut short by a time limit keeps it)."""
+        settings["partial"] = f"{len(partial.workloads)} of {len(workloads)} workloads measured so far"
+        write(partial, {})
+
+    workloads = catalog.workloads(runnable, args.size, args.dtype, args.training)
+    result = run_benchmarks(args.device, workloads,
                             contenders(args.device, args.contenders), plan, args.size,
                             8 * 2**20 if args.quick else 256 * 2**20, not args.no_progress,
-                            warm=not args.quick, rounds=1 if args.quick else args.rounds)
-    lowering = {} if args.no_lowering else lowering_counts(runnable, args.device, catalog.DTYPES[args.dtype], args.size)
+                            warm=not args.quick, rounds=1 if args.quick else args.rounds, checkpoint=checkpoint)
+    settings.pop("partial", None)
+    lowering = {} if args.no_lowering else lowering_counts(runnable, args.device, dtype, args.size)
     result.elapsed_s = time.perf_counter() - started
-    result.extra = {"suite": "suite", "dtype": args.dtype, "size": args.size, "tolerances": catalog.TOLERANCES[args.dtype],
-                    "atol_scaled": True, "suites": {e.key: e.suite for e in chosen}, "not_built": skipped,
-                    "lowering": {k: {entry: _as_json(c) for entry, c in v.items()} for k, v in lowering.items()},
-                    "command": "python -m benchmarks.suite " + " ".join(argv or []), **library_versions()}
-    stem = machine.file_stem(result.info, suite_name(args))
-    paths = report.write(result, args.out_dir, stem, render=page.markdown)
+    paths = write(result, lowering)
     print("\n".join(page.summary_table(result)))
     for path in paths:
         print(f"wrote {path}")

@@ -305,6 +305,31 @@ class CppKernelCodegen:
                 if load.indirect and all(_row_invariant(ind.value) for ind in load.indirect):
                     self._gather_index(load, memo, local, w)
 
+    def _hoist_invariants(self, members: list[Member], memo: dict, local: dict[str, str], w: _Writer) -> None:
+        """Compute, once per row before the reduced loops, each largest part of the members'
+        bodies that reads nothing changing along them (a batch norm's per-channel scale under a
+        max-pool window, fused in: a square root and a division per tap otherwise)."""
+        known: dict[Body, bool] = {}
+
+        def invariant(body: Body) -> bool:
+            if body not in known:
+                reads_loop_values = any(isinstance(n, Load) and (n.indirect or (n.buffer in self.members and n.buffer not in local))
+                                        for n in walk(body))
+                known[body] = not reads_loop_values and _row_invariant(body)
+            return known[body]
+
+        def visit(body: Body) -> None:
+            if not isinstance(body, Apply) or body in memo or body in self.row_cache:
+                return
+            if invariant(body):
+                self.value(body, memo, local, w)
+                return
+            for arg in body.args:
+                visit(arg)
+
+        for m in members:
+            visit(m.node.body)
+
     def store(self, member: Member, var: str, w: _Writer, memo: dict | None = None,
               local: dict[str, str] | None = None) -> None:
         if member.node.name in self.stored:
@@ -385,6 +410,7 @@ class CppKernelCodegen:
         """One pass over the reduced dimensions: accumulate its reductions, run its inner members."""
         reductions = [m for m in members if m.level == "reduction"]
         self._hoist_gathers(members, memo, local, w)
+        self._hoist_invariants(members, memo, local, w)
         results = {}
         for m in reductions:
             results[m.node.name] = f"red{self.tmp()}"

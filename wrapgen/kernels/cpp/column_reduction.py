@@ -1,5 +1,5 @@
-"""Sums down the columns of a row-major tensor (bias and norm-weight gradients) as C++ kernels
-that run along memory.
+"""Reductions down the columns of a row-major tensor (bias and norm-weight gradients, pooling
+windows and spatial means of NHWC activations) as C++ kernels that run along memory.
 
 The general kernel puts each output element in the outer loop and walks the reduced dimension
 inside it: for `grad.sum(0)` of a [tokens, features] gradient that is a strided walk per
@@ -7,7 +7,9 @@ feature, one scalar accumulator, nothing to vectorize. Here the output is cut in
 `BLOCK` adjacent elements (parallel over blocks): each block keeps `BLOCK` accumulators and the
 reduced loop, outside, feeds them a contiguous `BLOCK`-wide slice of each row (the simd loop),
 so every load is contiguous and every row is read once per block. The sum of each output
-element still runs over the reduced elements in order (accumulating in the same type).
+element still runs over the reduced elements in order (accumulating in the same type). Max and
+min (a channels-last max pool, with the batch norm and ReLU before it fused in) keep a NaN flag
+per element beside each accumulator, as the general kernel keeps one: a NaN anywhere wins.
 
 A sum that reads another sum's result (a variance after its mean: batch-norm statistics over an
 NHWC activation, where the channel is the contiguous kept dimension) runs in a later pass over
@@ -19,22 +21,32 @@ from __future__ import annotations
 
 import sympy
 
-from wrapgen.kernels.cpp.codegen import CppKernelCodegen, GeneratedKernel, _Writer, ctype, generate_cpp
+from wrapgen.kernels.cpp.codegen import (
+    _REDUCE,
+    CppKernelCodegen,
+    GeneratedKernel,
+    _extreme,
+    _Writer,
+    ctype,
+    generate_cpp,
+)
 from wrapgen.loop_ir import FusionGroup, Load, loads, red_vars, row_vars
 
 BLOCK = 16  # output elements per block: one or two vector registers of float
+KINDS = ("sum", "prod", "max", "min")  # reductions a block of accumulators can carry
 
 
 def is_column_reduction(group: FusionGroup) -> bool:
-    """Sums (and per-element work on their results) whose loads are contiguous along the
-    innermost kept dimension (coefficient 1) and not along the innermost reduced dimension; a
-    sum may read the group's earlier results (a later pass, see `passes`)."""
+    """Reductions (`KINDS`, and per-element work on their results) whose loads are contiguous
+    along the innermost kept dimension (coefficient 1) and not along the innermost reduced
+    dimension (a window's clamped index along it is not contiguous either); a reduction may read
+    the group's earlier results (a later pass, see `passes`)."""
     if not group.rows or not group.reduced or not group.members:
         return False
     sums = [m for m in group.members if m.level == "reduction"]
     if not sums or any(m.level not in ("reduction", "row") for m in group.members):
         return False
-    if any(m.node.reduction != "sum" or not m.node.dtype.is_floating_point for m in sums):
+    if any(m.node.reduction not in KINDS or not m.node.dtype.is_floating_point for m in sums):
         return False
     if passes(group) is None:
         return False
@@ -49,8 +61,7 @@ def is_column_reduction(group: FusionGroup) -> bool:
             if step is None or step not in (0, 1):
                 return False
             if step == 1:
-                along_inner = _coefficient(load, inner)
-                if along_inner is None or along_inner == 1:
+                if _coefficient(load, inner) == 1:
                     return False  # contiguous along the reduction: the row-wise kernel suits it
                 columns = True
     return columns
@@ -124,11 +135,19 @@ class ColumnReductionCodegen(CppKernelCodegen):
         work of that pass (and, in the first, of pass 0), each result stored and, where a later
         sum reads it, kept in its block array."""
         sums = [m for m in g.members if m.level == "reduction" and order[m.node.name] == number]
-        accs = {}
+        accs, nans = {}, {}
         for m in sums:
-            acc = f"acc{self.tmp()}"
-            accs[m.node.name] = acc
-            body.line(f"{ctype(m.node.acc_dtype)} {acc}[{BLOCK}] = {{}};")
+            acc = accs[m.node.name] = f"acc{self.tmp()}"
+            kind, acc_type = m.node.reduction, ctype(m.node.acc_dtype)
+            init = _REDUCE[kind][0] or _extreme(m.node.acc_dtype, kind)
+            if init == "0":
+                body.line(f"{acc_type} {acc}[{BLOCK}] = {{}};")
+            else:
+                body.line(f"{acc_type} {acc}[{BLOCK}];")
+                body.line(f"std::fill_n({acc}, {BLOCK}, {acc_type}({init}));")
+            if kind in ("max", "min"):
+                nans[m.node.name] = f"nan{self.tmp()}"
+                body.line(f"int {nans[m.node.name]}[{BLOCK}] = {{}};")
         for r, r_extent in zip(red_vars(len(g.reduced)), g.reduced):
             body.line(f"for (int64_t {r} = 0; {r} < {self.size(r_extent)}; ++{r}) {{")
             body.depth += 1
@@ -139,7 +158,10 @@ class ColumnReductionCodegen(CppKernelCodegen):
         memo: dict = {}
         for m in sums:
             var = self.value(m.node.body, memo, dict(earlier), body)
-            body.line(f"{accs[m.node.name]}[{x0} - xb] += static_cast<{ctype(m.node.acc_dtype)}>({var});")
+            slot = f"{accs[m.node.name]}[{x0} - xb]"
+            body.line(_REDUCE[m.node.reduction][1].format(acc=slot, v=var, A=ctype(m.node.acc_dtype)))
+            if m.node.name in nans:
+                body.line(f"{nans[m.node.name]}[{x0} - xb] |= ({var} != {var});")
         for _ in range(len(g.reduced) + 1):
             body.depth -= 1
             body.line("}")
@@ -152,8 +174,11 @@ class ColumnReductionCodegen(CppKernelCodegen):
             if not mine:
                 continue
             if m.level == "reduction":
-                var = self.tmp()
-                body.line(f"const {ctype(m.node.dtype)} {var} = static_cast<{ctype(m.node.dtype)}>({accs[m.node.name]}[{x0} - xb]);")
+                var, t = self.tmp(), ctype(m.node.dtype)
+                result = f"static_cast<{t}>({accs[m.node.name]}[{x0} - xb])"
+                if m.node.name in nans:
+                    result = f"{nans[m.node.name]}[{x0} - xb] ? std::numeric_limits<{t}>::quiet_NaN() : {result}"
+                body.line(f"const {t} {var} = {result};")
             else:
                 var = self.value(m.node.body, row_memo, local, body)
             local[m.node.name] = var

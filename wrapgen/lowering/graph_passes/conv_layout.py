@@ -35,10 +35,14 @@ import torch
 import torch.fx
 
 from wrapgen.lowering.capture import CapturedGraph, fake_value, graph_fake_mode, with_graph
+from wrapgen.lowering.graph_passes.conv_choice import faster_channels_last
 
-# Devices on which the rewrite runs. CPU is left out: on the small ResNet config the per-call
-# weight copies cost more than mkldnn's transposes save (benchmarks/conv_layout_ab.py, README).
+# Devices on which the rewrite runs for every 2-d convolution.
 DEVICES = frozenset({"cuda"})
+# Devices on which an inference graph's convolutions go channels-last one by one, where that
+# measured faster (conv_choice.py): on the CPU it depends on the shape, and the weight copies
+# (per call, without freezing) can cost more than mkldnn's NHWC kernels save.
+MEASURED_DEVICES = frozenset({"cpu"})
 # Devices on which a training forward's convolutions run channels-last with its saved activations
 # left so (see the module's docstring); a CPU training step's convolutions and max pooling then run
 # channels-last in forward and backward.
@@ -107,6 +111,11 @@ def channels_last_convolutions(captured: CapturedGraph, devices: frozenset[str] 
         devices = DEVICES | (KEEP_SAVED_DEVICES if saved is not None else frozenset())
     graph = captured.graph_module.graph
     convs = [n for n in graph.nodes if is_conv2d(n, devices)]
+    declined: list[torch.fx.Node] = []  # measured slower channels-last: kept NCHW, their input too
+    if saved is None:
+        measured = [n for n in graph.nodes if n not in convs and is_conv2d(n, MEASURED_DEVICES - devices)]
+        for node in measured:
+            (convs if faster_channels_last(node) else declined).append(node)
     if not convs or 2 * sum(_grouped(n) for n in convs) > len(convs):
         return captured
     mutated_outputs = frozenset(captured.mutations)
@@ -115,7 +124,7 @@ def channels_last_convolutions(captured: CapturedGraph, devices: frozenset[str] 
     if saved is not None and any(is_conv2d(n, KEEP_SAVED_DEVICES) for n in convs):
         keep = frozenset(range(*saved.indices(len(outputs))))
     try:
-        rewritten, restores = _Rewriter(graph, set(convs), mutated_outputs, keep).run()
+        rewritten, restores = _Rewriter(graph, set(convs), mutated_outputs, keep, set(declined)).run()
     except Exception:  # _Abort, or an op fake tensors cannot re-trace: the graph as it is is correct
         return captured
     if not pays(len(convs), restores):
@@ -190,9 +199,10 @@ class _Rewriter:
     """Copies the graph node by node, inserting layout copies and re-tracing changed nodes."""
 
     def __init__(self, graph: torch.fx.Graph, convs: set[torch.fx.Node], mutated_outputs: frozenset[int],
-                 keep_outputs: frozenset[int] = frozenset()) -> None:
+                 keep_outputs: frozenset[int] = frozenset(), nchw_convs: set[torch.fx.Node] | None = None) -> None:
         self.old = graph
         self.convs = convs
+        self.nchw_convs = nchw_convs or set()  # convolutions that read their input as traced
         self.mutated_outputs = mutated_outputs
         self.keep_outputs = keep_outputs  # outputs that may leave in the new layout (saved activations)
         self.new = torch.fx.Graph()
@@ -228,6 +238,8 @@ class _Rewriter:
         kwargs = torch.fx.map_arg(node.kwargs, lambda n: self.env[n])
         if node in self.convs:
             args = (self._to_channels_last(args[0]), self._to_channels_last(args[1]), *args[2:])
+        elif node in self.nchw_convs and isinstance(args[0], torch.fx.Node) and args[0] in self.changed:
+            args = (self._restore(args[0]), *args[1:])
         elif self._is_layout_dependent_view(node) and isinstance(args[0], torch.fx.Node) and args[0] in self.changed:
             args = (self._restore(args[0]), *args[1:])
         new = self._copy(node, args, kwargs)
