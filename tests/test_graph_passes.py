@@ -24,6 +24,7 @@ def test_the_passes_in_order():
         ("inplace_ops", ("kernels",)),
         ("state_write_order", ("kernels",)),
         ("attention_masks", ("kernels",)),
+        ("input_free", ()),
     ]
     assert [(p.name, p.options) for p in TRACED_PASSES] == [("traced_masks", ("constant_masks",))]
 
@@ -84,7 +85,10 @@ def test_options_are_read_when_the_graph_is_compiled(tmp_path):
     with wrapgen.config.patch(debug_dir=str(tmp_path), constant_masks=False), torch.no_grad():
         wrapgen.lower(model, (x,))
     (files,) = _dumps(tmp_path).values()
-    assert list(files) == ["00-input.txt", "02-common_subexpressions.txt", "04-broadcast_bmm.txt", "11-attention_masks.txt"]  # the mask stays
+    # the mask stays, made additive, and computed once at compile time (it reads no input)
+    assert list(files) == ["00-input.txt", "02-common_subexpressions.txt", "04-broadcast_bmm.txt", "11-attention_masks.txt",
+                           "12-input_free.txt"]
+    assert "scaled_dot_product" in files["12-input_free.txt"] and "arange" not in files["12-input_free.txt"]
 
 
 def test_no_dump_without_debug_dir_or_without_a_change(tmp_path):

@@ -30,7 +30,9 @@ class CapturedGraph:
 
     `inputs` are the placeholders fed by `call(args)`, in order; `constants` maps the other
     placeholders (and get_attr targets) to (origin, tensor); `mutations` maps an output
-    position to the placeholder whose storage it must be written back into.
+    position to the placeholder whose storage it must be written back into; `frozen` names the
+    constants whose value cannot change between calls (tensors the traced code made from Python
+    data, which torch.export lifts), unlike parameters and buffers, held by reference.
     """
 
     graph_module: torch.fx.GraphModule
@@ -41,6 +43,7 @@ class CapturedGraph:
     out_spec: pytree.TreeSpec | None = None
     output_kind: str = "tuple"  # for graphs without out_spec: "tuple" | "list" | "single"
     traced: bool = False  # torch.export traced it from the model: it can be traced again at other sizes
+    frozen: frozenset[str] = frozenset()
 
 
 class _FunctionModule(torch.nn.Module):
@@ -74,6 +77,7 @@ def with_graph(captured: CapturedGraph, graph: torch.fx.Graph) -> CapturedGraph:
         inputs=[names.get(n, n) for n in captured.inputs],
         constants={names.get(k, k): v for k, v in captured.constants.items()},
         mutations={i: names.get(n, n) for i, n in captured.mutations.items()},
+        frozen=frozenset(names.get(n, n) for n in captured.frozen),
     )
 
 
@@ -223,6 +227,7 @@ def _from_exported(exported: torch.export.ExportedProgram) -> CapturedGraph:
         exported.call_spec.in_spec,
         exported.call_spec.out_spec,
         traced=True,
+        frozen=frozenset(spec.arg.name for spec in signature.input_specs if spec.kind == InputKind.CONSTANT_TENSOR),
     )
 
 

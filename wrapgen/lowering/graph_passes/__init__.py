@@ -23,6 +23,7 @@ from wrapgen.lowering.graph_passes.common_subexpressions import eliminate_common
 from wrapgen.lowering.graph_passes.constant_masks import drop_constant_masks
 from wrapgen.lowering.graph_passes.conv_layout import channels_last_convolutions, propagate_input_layouts
 from wrapgen.lowering.graph_passes.inplace_ops import split_inplace_ops
+from wrapgen.lowering.graph_passes.input_free import fold_input_free_values
 from wrapgen.lowering.graph_passes.pipeline import GraphPass, run_passes
 from wrapgen.lowering.graph_passes.reinplace import scatter_in_place
 from wrapgen.lowering.graph_passes.state_write_order import order_state_writes
@@ -76,6 +77,9 @@ ATEN_PASSES: tuple[GraphPass, ...] = (
     GraphPass("state_write_order", ("kernels",), order_state_writes),
     # boolean SDPA masks as float masks, made once by a generated kernel
     GraphPass("attention_masks", ("kernels",), float_attention_masks),
+    # values computed from no input and no weight (a position index built in forward) computed
+    # once; last, so the passes above still see how a mask or an index was built
+    GraphPass("input_free", (), fold_input_free_values),
 )
 
 TRACED_PASSES: tuple[GraphPass, ...] = (

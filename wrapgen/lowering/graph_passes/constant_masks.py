@@ -70,10 +70,11 @@ def _only_first_output_used(node: torch.fx.Node) -> bool:
     return all(user.target is operator.getitem and user.args[1] == 0 for user in node.users)
 
 
-def pure_closure(mask: torch.fx.Node, pure: Callable[[torch.fx.Node], bool], meta_key: str) -> list[torch.fx.Node] | None:
+def pure_closure(mask: torch.fx.Node, pure: Callable[[torch.fx.Node], bool], meta_key: str,
+                 leaves: frozenset[torch.fx.Node] = frozenset()) -> list[torch.fx.Node] | None:
     """The nodes that compute `mask`, in graph order, when every one is `pure` (so none reads an
-    input or a constant) and has a tensor value of static sizes in `node.meta[meta_key]`, of at
-    most EVALUATION_LIMIT elements; else None."""
+    input or a constant but `leaves`, values the caller knows) and has a tensor value of static
+    sizes in `node.meta[meta_key]`, of at most EVALUATION_LIMIT elements; else None."""
     seen: set[torch.fx.Node] = set()
     stack = [mask]
     while stack:
@@ -81,13 +82,15 @@ def pure_closure(mask: torch.fx.Node, pure: Callable[[torch.fx.Node], bool], met
         if node in seen:
             continue
         seen.add(node)
+        if node in leaves:
+            continue
         value = node.meta.get(meta_key)
         if not pure(node) or not isinstance(value, torch.Tensor):
             return None
         if not all(isinstance(s, int) for s in value.shape) or value.numel() > EVALUATION_LIMIT:
             return None
-        leaves = pytree.tree_leaves((node.args, node.kwargs))
-        if any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)) for v in leaves):
+        arguments = pytree.tree_leaves((node.args, node.kwargs))
+        if any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool, torch.Tensor)) for v in arguments):
             return None
         stack.extend(node.all_input_nodes)
     return [n for n in mask.graph.nodes if n in seen]
@@ -105,12 +108,13 @@ def _closure(mask: torch.fx.Node) -> list[torch.fx.Node] | None:
     return pure_closure(mask, _pure_op, "val")
 
 
-def evaluate(nodes: list[torch.fx.Node]) -> torch.Tensor | None:
-    """The value of the last of `nodes` (a closure in graph order), computed for real; None where
-    it cannot be (a device that is not here, a meta tensor): the mask then stays, always correct."""
+def evaluate(nodes: list[torch.fx.Node], known: dict[torch.fx.Node, torch.Tensor] | None = None) -> torch.Tensor | None:
+    """The value of the last of `nodes` (a closure in graph order, reading only each other and
+    the values `known`), computed for real; None where it cannot be (a device that is not here, a
+    meta tensor): the mask then stays, always correct."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    values: dict[torch.fx.Node, object] = {}
+    values: dict[torch.fx.Node, object] = dict(known or {})
     try:
         with torch.no_grad(), unset_fake_temporarily():
             for node in nodes:
