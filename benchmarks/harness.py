@@ -3,6 +3,7 @@ against eager, timed and measured; a contender's failure is a result, not the en
 
 from __future__ import annotations
 
+import copy
 import gc
 import shutil
 import statistics
@@ -41,8 +42,11 @@ def bench_one(
     device: str,
     plan: TimingPlan,
     cache_root: str,
+    exact: object | None = None,
 ) -> Result:
-    """Build, check, time and measure one contender on one workload; never raises."""
+    """Build, check, time and measure one contender on one workload; never raises. `exact`, the
+    workload's float64 result, decides where the comparison with eager's fails
+    (`measure.float64_check`)."""
     result = Result(workload.name, contender.name, "error")
     try:
         with torch.no_grad():
@@ -56,13 +60,13 @@ def bench_one(
                 cold_s = time.perf_counter() - start
             result.compile_s = cold_s if contender.compiles else None
             result.error = measure.relative_error(output, reference)
-            problem = measure.check_close(output, reference, workload.rtol, workload.atol, workload.atol_scaled)
+            problem = _check(output, reference, workload, exact)
             del output
             if problem is not None:
                 result.status, result.detail = "wrong", problem
                 return result
             median = measure.median_time(lambda: fn(*inputs), device, plan)
-            problem = measure.check_close(fn(*inputs), reference, workload.rtol, workload.atol, workload.atol_scaled)
+            problem = _check(fn(*inputs), reference, workload, exact)
             if problem is not None:
                 result.status, result.detail = "wrong", f"on a warm call: {problem}"
                 return result
@@ -78,6 +82,27 @@ def bench_one(
     except Exception as error:  # a contender's failure is a result, not the end of the run
         result.status, result.detail = "error", f"{type(error).__name__}: {error}"
     return result
+
+
+def _check(output: object, reference: object, workload: Workload, exact: object | None) -> str | None:
+    problem = measure.check_close(output, reference, workload.rtol, workload.atol, workload.atol_scaled)
+    if problem is None or exact is None:
+        return problem
+    return None if measure.float64_check(output, reference, exact) is None else problem
+
+
+def float64_result(model: torch.nn.Module, inputs: tuple, device: str) -> object | None:
+    """The workload's result computed in float64 (a copy of the model and of its floating inputs),
+    as a host copy; None where it cannot be computed. Computed before any contender runs, so no
+    contender's peak memory holds the float64 model."""
+    try:
+        exact_model = copy.deepcopy(model).double()
+        exact_inputs = tuple(x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
+        return measure.host_copy(exact_model(*exact_inputs))
+    except Exception:  # noqa: BLE001 - an op without float64: the direct comparison alone decides
+        return None
+    finally:
+        measure.release(device)
 
 
 def combine_rounds(rounds: list[Result], planned: int | None = None) -> Result:
@@ -191,6 +216,7 @@ def run_benchmarks(
                 measure.release(device)
                 continue
             cells: dict[str, list[Result]] = {c.name: [] for c in active}
+            exact = float64_result(model, inputs, device) if workload.training else None
             for round_index in range(rounds):
                 # Each round starts with the next contender: none always runs first or last (GPU
                 # clocks and the allocator's state drift over a run).
@@ -203,7 +229,7 @@ def run_benchmarks(
                     bar.set_description(f"{workload.name} / {contender.name}"
                                         + (f" (round {round_index + 1}/{rounds})" if rounds > 1 else ""))
                     cells[contender.name].append(
-                        bench_one(workload, contender, model, inputs, reference, device, plan, cache_root))
+                        bench_one(workload, contender, model, inputs, reference, device, plan, cache_root, exact))
                     torch._dynamo.reset()
                     measure.release(device)
                     bar.update()

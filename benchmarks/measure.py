@@ -160,6 +160,33 @@ def check_close(actual: Any, expected: Any, rtol: float, atol: float, scaled: bo
     return None
 
 
+# (multiplier, tolerance) of PyTorch's benchmark runner's `same(..., fp64_ref)`, by the dtype compared
+FLOAT64_CRITERION = {torch.float32: (2.0, 1e-3), torch.bfloat16: (3.0, 1e-2), torch.float16: (3.0, 1e-2)}
+
+
+def float64_check(actual: Any, eager: Any, exact: Any) -> str | None:
+    """None when every floating output of `actual` is about as close to the float64 result
+    `exact` as eager's (`eager`) is, else the first that is not: root-mean-square error at most
+    the multiplier times eager's plus a tenth of the tolerance (PyTorch's benchmark runner's
+    criterion). It decides where the direct comparison cannot: a gradient that is zero in exact
+    arithmetic holds only rounding noise, different for every kernel order, which no tolerance
+    scaled by the tensor's own magnitude admits."""
+    actual, leaves = host_copy(actual), pytree.tree_leaves(eager)
+    if pytree.tree_structure(actual) != pytree.tree_structure(eager):
+        return "output structure differs"
+    for index, (a, e, x) in enumerate(zip(pytree.tree_leaves(actual), leaves, pytree.tree_leaves(exact))):
+        if not isinstance(e, torch.Tensor) or not e.is_floating_point():
+            if isinstance(e, torch.Tensor) and not torch.equal(a, e):
+                return f"output {index} differs"
+            continue
+        multiplier, tolerance = FLOAT64_CRITERION.get(e.dtype, FLOAT64_CRITERION[torch.float32])
+        mine = float((a.double() - x.double()).pow(2).mean().sqrt()) if x.numel() else 0.0
+        eagers = float((e.double() - x.double()).pow(2).mean().sqrt()) if x.numel() else 0.0
+        if mine > multiplier * eagers + tolerance / 10:
+            return f"output {index}: RMS error {mine:.2e} against float64's, eager's {eagers:.2e}"
+    return None
+
+
 def relative_error(actual: Any, expected: Any) -> float | None:
     """The largest |actual - expected| over the largest |expected|, the worst over the output
     tensors: how far from eager an output is, on the scale of that output (None: not comparable)."""

@@ -535,3 +535,16 @@ def test_bn_training_check_names_a_running_stat_that_moved() -> None:
         buffer[0] += 0.5
     reason = bn_training.compare(*instances, losses, torch.float32)
     assert reason is not None and reason.startswith(f"{name}: RMS error"), reason
+
+
+def test_float64_check_decides_where_a_gradient_is_rounding_noise() -> None:
+    """A gradient zero in exact arithmetic holds only rounding noise: the direct comparison
+    refuses another kernel order's noise, the float64 criterion admits it; a wrong value fails
+    both."""
+    exact = (torch.tensor(1.0, dtype=torch.float64), torch.zeros(8, dtype=torch.float64))
+    eager = (torch.tensor(1.0), torch.full((8,), 7e-11))
+    noise = (torch.tensor(1.0), torch.full((8,), -2e-10))
+    assert measure.check_close(noise, eager, 1e-3, 1e-3, scaled=True) is not None
+    assert measure.float64_check(noise, eager, exact) is None
+    wrong = (torch.tensor(1.5), torch.full((8,), 7e-11))
+    assert "output 0" in measure.float64_check(wrong, eager, exact)
