@@ -45,6 +45,13 @@ def faster_channels_last(node: torch.fx.Node) -> bool:
 
 
 def _measure(x: torch.Tensor, w: torch.Tensor, bias_shape: tuple | None, rest: tuple) -> bool:
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # a backend may be called inside its tracer's fake mode
+        return _measure_real(x, w, bias_shape, rest)
+
+
+def _measure_real(x: torch.Tensor, w: torch.Tensor, bias_shape: tuple | None, rest: tuple) -> bool:
     def real(value: torch.Tensor) -> torch.Tensor:
         return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype).normal_()
 
