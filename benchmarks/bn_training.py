@@ -41,14 +41,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from benchmarks import machine, models, step_rounds
+from benchmarks import machine, measure, models, step_rounds
 from benchmarks.report import fmt_time
 from benchmarks.step_rounds import Row
 
 REFERENCE = "eager"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-# (multiplier, tolerance) of PyTorch's benchmark runner for training: its `same(..., fp64_ref)`
-CRITERION = {torch.float32: (2.0, 1e-3), torch.bfloat16: (3.0, 1e-2)}
+CRITERION = measure.FLOAT64_CRITERION  # (multiplier, tolerance) of PyTorch's `same(..., fp64_ref)`
 # a gradient's relative error allowed beyond MULTIPLIER times eager's (see `compare`)
 GRADIENT_FLOOR = {torch.float32: 2e-2, torch.bfloat16: 5e-2}
 CLASSES = 1000
@@ -101,10 +100,6 @@ def state_of(instance: Instance) -> list[tuple[str, torch.Tensor]]:
     return grads + [(n, b) for n, b in instance.model.named_buffers()]
 
 
-def rmse(actual: torch.Tensor, exact: torch.Tensor) -> float:
-    return float((actual.double() - exact.double()).pow(2).mean().sqrt()) if exact.numel() else 0.0
-
-
 def relative_error(actual: torch.Tensor, exact: torch.Tensor) -> float:
     exact = exact.double()
     return float((actual.double() - exact).norm() / exact.norm().clamp_min(1e-30))
@@ -136,7 +131,7 @@ def compare(actual: Instance, expected: Instance, exact: Instance, losses: Seque
             if mine_error > multiplier * eager_error + GRADIENT_FLOOR[dtype]:
                 return f"{name}: relative error {mine_error:.2e} against float64's, eager's {eager_error:.2e}"
             continue
-        mine_error, eager_error = rmse(a, x), rmse(e, x)
+        mine_error, eager_error = measure.rmse(a, x), measure.rmse(e, x)
         if mine_error > multiplier * eager_error + tolerance / 10:
             return f"{name}: RMS error {mine_error:.2e} against float64's, eager's {eager_error:.2e}"
     return None

@@ -164,6 +164,11 @@ def check_close(actual: Any, expected: Any, rtol: float, atol: float, scaled: bo
 FLOAT64_CRITERION = {torch.float32: (2.0, 1e-3), torch.bfloat16: (3.0, 1e-2), torch.float16: (3.0, 1e-2)}
 
 
+def rmse(actual: torch.Tensor, exact: torch.Tensor) -> float:
+    """Root-mean-square distance, computed in float64."""
+    return float((actual.double() - exact.double()).pow(2).mean().sqrt()) if exact.numel() else 0.0
+
+
 def float64_check(actual: Any, eager: Any, exact: Any) -> str | None:
     """None when every floating output of `actual` is about as close to the float64 result
     `exact` as eager's (`eager`) is, else the first that is not: root-mean-square error at most
@@ -180,8 +185,7 @@ def float64_check(actual: Any, eager: Any, exact: Any) -> str | None:
                 return f"output {index} differs"
             continue
         multiplier, tolerance = FLOAT64_CRITERION.get(e.dtype, FLOAT64_CRITERION[torch.float32])
-        mine = float((a.double() - x.double()).pow(2).mean().sqrt()) if x.numel() else 0.0
-        eagers = float((e.double() - x.double()).pow(2).mean().sqrt()) if x.numel() else 0.0
+        mine, eagers = rmse(a, x), rmse(e, x)
         if mine > multiplier * eagers + tolerance / 10:
             return f"output {index}: RMS error {mine:.2e} against float64's, eager's {eagers:.2e}"
     return None

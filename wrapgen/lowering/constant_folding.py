@@ -26,7 +26,16 @@ def _is_plain(value: object) -> bool:
     return value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format))
 
 
-def _only_read(node: torch.fx.Node) -> bool:
+def argument_aliases(user: torch.fx.Node, node: torch.fx.Node) -> list:
+    """The schema alias annotations of the arguments through which the op call `user` receives
+    `node` (alone or in a list); None entries for plain reads."""
+    arguments = user.target._schema.arguments  # type: ignore[union-attr]
+    given = (*user.args, *(user.kwargs.get(a.name) for a in arguments[len(user.args):]))
+    return [argument.alias_info for argument, value in zip(arguments, given)
+            if value is node or (isinstance(value, (list, tuple)) and node in value)]
+
+
+def only_read(node: torch.fx.Node) -> bool:
     """Whether every user reads `node` without keeping it (no output, no write, no view)."""
     for user in node.users:
         if user.op != "call_function" or not isinstance(user.target, torch._ops.OpOverload):
@@ -34,9 +43,8 @@ def _only_read(node: torch.fx.Node) -> bool:
         schema = user.target._schema
         if user.target.is_view or any(r.alias_info is not None for r in schema.returns):
             return False
-        for argument, value in zip(schema.arguments, (*user.args, *(user.kwargs.get(a.name) for a in schema.arguments[len(user.args):]))):
-            if value is node and argument.alias_info is not None:
-                return False
+        if any(alias is not None for alias in argument_aliases(user, node)):
+            return False
     return True
 
 
@@ -48,7 +56,7 @@ def folded_value(node: torch.fx.Node) -> torch.Tensor | None:
     fake = node.meta.get("val")
     if not isinstance(fake, torch.Tensor) or fake.numel() > FOLD_LIMIT or not all(isinstance(s, int) for s in fake.shape):
         return None
-    if not _is_plain(node.args) or not _is_plain(tuple(node.kwargs.values())) or not _only_read(node):
+    if not _is_plain(node.args) or not _is_plain(tuple(node.kwargs.values())) or not only_read(node):
         return None
     value = op(*node.args, **node.kwargs)
     return value if value.dtype == fake.dtype and value.shape == fake.shape else None

@@ -96,7 +96,7 @@ def pure_closure(mask: torch.fx.Node, pure: Callable[[torch.fx.Node], bool], met
     return [n for n in mask.graph.nodes if n in seen]
 
 
-def _pure_op(node: torch.fx.Node) -> bool:
+def pure_op(node: torch.fx.Node) -> bool:
     """An ATen op that neither writes, nor draws random numbers, nor leaves memory uninitialized."""
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return False
@@ -105,7 +105,7 @@ def _pure_op(node: torch.fx.Node) -> bool:
 
 
 def _closure(mask: torch.fx.Node) -> list[torch.fx.Node] | None:
-    return pure_closure(mask, _pure_op, "val")
+    return pure_closure(mask, pure_op, "val")
 
 
 def evaluate(nodes: list[torch.fx.Node], known: dict[torch.fx.Node, torch.Tensor] | None = None) -> torch.Tensor | None:

@@ -113,7 +113,7 @@ def channels_last_convolutions(captured: CapturedGraph, devices: frozenset[str] 
     convs = [n for n in graph.nodes if is_conv2d(n, devices)]
     declined: list[torch.fx.Node] = []  # measured slower channels-last: kept NCHW, their input too
     if saved is None:
-        measured = [n for n in graph.nodes if n not in convs and is_conv2d(n, MEASURED_DEVICES - devices)]
+        measured = [n for n in graph.nodes if is_conv2d(n, MEASURED_DEVICES - devices)]
         for node in measured:
             (convs if faster_channels_last(node) else declined).append(node)
     if not convs or 2 * sum(_grouped(n) for n in convs) > len(convs):

@@ -27,8 +27,8 @@ import torch
 import torch.fx
 
 from wrapgen.lowering.capture import CapturedGraph, graph_fake_mode, with_graph
-from wrapgen.lowering.constant_folding import FOLDABLE_OPS, _only_read
-from wrapgen.lowering.graph_passes.constant_masks import _pure_op, evaluate, pure_closure
+from wrapgen.lowering.constant_folding import FOLDABLE_OPS, argument_aliases, only_read
+from wrapgen.lowering.graph_passes.constant_masks import evaluate, pure_closure, pure_op
 
 FOLD_BYTES = 16 << 20  # a folded value is held for the program's life
 _INDEXING_OPS = frozenset({"aten::index", "aten::_unsafe_index", "aten::index_put", "aten::_unsafe_index_put"})
@@ -44,7 +44,7 @@ def fold_input_free_values(captured: CapturedGraph) -> CapturedGraph:
              if n.op == "placeholder" and n.name in captured.frozen and n.name in captured.constants}
     input_free: set[torch.fx.Node] = set(known)
     for node in graph.nodes:
-        if _pure_op(node) and all(a in input_free for a in node.all_input_nodes):
+        if pure_op(node) and all(a in input_free for a in node.all_input_nodes):
             input_free.add(node)
     frontier = [n for n in graph.nodes if n in input_free and n not in known
                 and any(u not in input_free for u in n.users)]
@@ -63,18 +63,16 @@ def _folded(node: torch.fx.Node, input_free: set[torch.fx.Node], known: dict[tor
     """(`node`'s value, on the device it is read on; what the constant is) when it is worth
     folding and nothing can observe that it is shared between calls, else None."""
     closure = pure_closure(node, lambda n: n in input_free, "val", leaves=frozenset(known))
-    if closure is None or not _only_read(node) or any(_written_later(n, input_free) for n in closure):
+    if closure is None or not only_read(node) or any(_written_later(n, input_free) for n in closure):
         return None
     calls = [n for n in closure if n not in known]
     if all(n.target._schema.name in FOLDABLE_OPS for n in calls):  # type: ignore[union-attr]
         return None
     fake = node.meta["val"]
-    if fake.numel() * fake.element_size() > FOLD_BYTES:
+    if fake.numel() * fake.element_size() > FOLD_BYTES or not _dense(fake):
         return None
     value = evaluate(calls, {n: known[n] for n in closure if n in known})
     if value is None or value.dtype != fake.dtype or value.shape != fake.shape:
-        return None
-    if not _dense(fake):
         return None
     constant = torch.empty_strided(fake.shape, fake.stride(), dtype=fake.dtype, device=_index_device(node) or fake.device)
     constant.copy_(value)  # its own storage, at exactly the traced strides
@@ -88,15 +86,10 @@ def _written_later(node: torch.fx.Node, input_free: set[torch.fx.Node]) -> bool:
     for user in node.users:
         if user in input_free or user.op == "output":
             continue
-        op = user.target
-        if not isinstance(op, torch._ops.OpOverload):
+        if not isinstance(user.target, torch._ops.OpOverload):
             return True
-        arguments = op._schema.arguments
-        given = (*user.args, *(user.kwargs.get(a.name) for a in arguments[len(user.args):]))
-        for argument, value in zip(arguments, given):
-            reads_node = value is node or (isinstance(value, (list, tuple)) and node in value)
-            if reads_node and argument.alias_info is not None and argument.alias_info.is_write:
-                return True
+        if any(alias is not None and alias.is_write for alias in argument_aliases(user, node)):
+            return True
     return False
 
 
