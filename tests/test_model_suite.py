@@ -115,3 +115,28 @@ def test_runs_of_two_dtypes_merge_into_one_page(tmp_path: Path) -> None:
     other = dataclasses.replace(info, wrapgen_commit="0000000")
     with pytest.raises(SystemExit):  # a run of another commit is refused
         merge.main([str(slices[0]), str(_run("fp32", ["t5"], other, tmp_path)), "--out-dir", str(tmp_path)])
+
+
+def test_runs_of_different_code_merge_with_mixed_code(tmp_path: Path) -> None:
+    """--mixed-code joins runs of two commits; a model rerun later keeps only its later rows, and
+    the page names the code each model ran."""
+    info = machine.collect("cpu")
+    old, new = (dataclasses.replace(info, wrapgen_commit=c) for c in ("1111111", "2222222"))
+    first = _run("bf16", ["gpt2", "bert"], old, tmp_path)
+    rerun = json.loads(first.read_text())
+    second = _run("bf16", ["gpt2"], new, tmp_path / "rerun")
+    fixed = json.loads(second.read_text())
+    for row in fixed["results"]:
+        if row["contender"] == "wrapgen[python]":
+            row["median_s"] = 2.5e-4  # the rerun after a fix
+    second.write_text(json.dumps(fixed))
+    paths = merge.main([str(first), str(second), "--mixed-code", "--out-dir", str(tmp_path / "page")])
+    md = next(p for p in paths if p.suffix == ".md")
+    assert md.name.endswith("-2222222.md"), md.name  # named after the latest code
+    merged = json.loads(md.with_suffix(".json").read_text())
+    gpt2 = [r for r in merged["results"] if r["workload"] == "huggingface/gpt2"]
+    assert len(gpt2) == 3 and {r["median_s"] for r in gpt2 if r["contender"] == "wrapgen[python]"} == {2.5e-4}
+    assert merged["settings"]["code"] == {"huggingface/gpt2": "2222222", "huggingface/bert": "1111111"}
+    text = md.read_text()
+    assert "## Code per model" in text and "- `1111111`: huggingface/bert" in text
+    assert len(rerun["results"]) == 6

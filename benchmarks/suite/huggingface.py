@@ -132,7 +132,8 @@ MODELS: tuple[HFModel, ...] = (
             "partial rotary, parallel blocks"),
     # encoders
     HFModel("bert", "bert", "encoder", lambda s: _standard(s), "absolute positions"),
-    HFModel("roberta", "roberta", "encoder", lambda s: _standard(s, pad_token_id=1), ""),
+    # positions start after the padding index: max_position_embeddings is tokens + 2 (514 in RoBERTa-base)
+    HFModel("roberta", "roberta", "encoder", lambda s: _standard(s, pad_token_id=1, max_position_embeddings=s.tokens + 2), ""),
     HFModel("distilbert", "distilbert", "encoder",
             lambda s: dict(n_layers=s.layers, dim=s.hidden, n_heads=s.heads, hidden_dim=s.intermediate,
                            vocab_size=s.vocab), ""),

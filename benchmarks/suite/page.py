@@ -9,12 +9,19 @@ from collections import defaultdict
 
 from benchmarks.model_report import ratio_table, results_table
 from benchmarks.report import Report, header_lines, table_cell
+from benchmarks.suite import catalog
 
 INDUCTOR = "torch.compile"
 
 
 def _suite_of(report: Report, workload: str) -> str:
     return report.extra.get("suites", {}).get(workload.removesuffix("-train"), workload.split("/")[0])
+
+
+def _note(workload: str) -> str:
+    """The catalog's note on a model (what its architecture shows), by its row name."""
+    key = workload.split(" @")[0].removesuffix("-train")
+    return next((e.note for e in catalog.entries() if e.key == key), "")
 
 
 def _contenders(report: Report) -> list[str]:
@@ -120,8 +127,16 @@ def markdown(report: Report) -> str:
         lines.append("")
     if settings.get("lowering"):
         lines += ["## wrapgen's programs", "", *lowering_table(report), ""]
+    code = settings.get("code") or {}
+    if code:
+        lines += ["## Code per model", "", "Rows of this page ran on different code (a commit, `+dirty` with",
+                  "the hash of a modified tree):", ""]
+        by_code = defaultdict(list)
+        for name, commit in code.items():
+            by_code[commit].append(name)
+        lines += [f"- `{commit}`: {', '.join(names)}" for commit, names in by_code.items()] + [""]
     lines += ["## Models (random weights, eval mode)", "", "| model | what |", "|---|---|"]
-    lines += [f"| {name} | {table_cell(text)} |" for name, text in report.workloads.items()]
+    lines += [f"| {name} | {table_cell(text or _note(name))} |" for name, text in report.workloads.items()]
     lines += ["", "## Method", "",
               "- Models are built from configs (transformers) or constructors (timm, torchvision) with random",
               "  weights, in eval mode, cast to the dtype; transformers models run without a KV cache and return",

@@ -17,6 +17,7 @@ import torch.fx
 from wrapgen.lowering.capture import CapturedGraph
 from wrapgen.lowering.graph_passes.accumulate_into_add import accumulate_into_add
 from wrapgen.lowering.graph_passes.addmm_bias import bias_into_readers
+from wrapgen.lowering.graph_passes.attention_broadcast import expand_broadcast_attention, expand_traced_attention
 from wrapgen.lowering.graph_passes.attention_masks import float_attention_masks
 from wrapgen.lowering.graph_passes.broadcast_bmm import fold_broadcast_bmm
 from wrapgen.lowering.graph_passes.common_subexpressions import eliminate_common_subexpressions
@@ -52,6 +53,11 @@ def _drop_traced_masks(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
+def _expand_traced_attention(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    expand_traced_attention(gm)  # in place
+    return gm
+
+
 ATEN_PASSES: tuple[GraphPass, ...] = (
     # a backward whose saved activations the forward returned channels-last: re-traced at those
     # strides (always: the forward has already chosen them)
@@ -66,6 +72,9 @@ ATEN_PASSES: tuple[GraphPass, ...] = (
     GraphPass("accumulate_into_add", (), accumulate_into_add),
     # masks that mask nothing are dropped, exactly the causal mask becomes is_causal
     GraphPass("constant_masks", ("constant_masks",), drop_constant_masks),
+    # a key/value broadcast against the query (multi-query attention) expanded, so SDPA's fused
+    # backends take the call instead of its math backend
+    GraphPass("attention_broadcast", (), expand_broadcast_attention),
     # The rest only with generated kernels: they pay when their work fuses into one.
     # CUDA addmm read only by pointwise ops: mm, its bias added by the kernel reading it
     GraphPass("addmm_bias", ("kernels", "bias_in_kernels"), bias_into_readers),
@@ -85,6 +94,8 @@ ATEN_PASSES: tuple[GraphPass, ...] = (
 TRACED_PASSES: tuple[GraphPass, ...] = (
     # constant attention masks in dynamo's graph: dropped or is_causal, in forward and backward
     GraphPass("traced_masks", ("constant_masks",), _drop_traced_masks),
+    # broadcast keys/values expanded before torch picks the attention backend while tracing
+    GraphPass("traced_attention_broadcast", (), _expand_traced_attention),
 )
 
 __all__ = ["ATEN_PASSES", "TRACED_PASSES", "GraphPass", "run_passes"]
