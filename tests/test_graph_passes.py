@@ -19,14 +19,18 @@ def test_the_passes_in_order():
         ("broadcast_bmm", ()),
         ("accumulate_into_add", ()),
         ("constant_masks", ("constant_masks",)),
+        ("attention_broadcast", ()),
+        ("transposed_operands", ()),
         ("addmm_bias", ("kernels", "bias_in_kernels")),
         ("reinplace", ("kernels",)),
         ("inplace_ops", ("kernels",)),
         ("state_write_order", ("kernels",)),
         ("attention_masks", ("kernels",)),
         ("input_free", ()),
+        ("dead_code", ()),
     ]
-    assert [(p.name, p.options) for p in TRACED_PASSES] == [("traced_masks", ("constant_masks",))]
+    assert [(p.name, p.options) for p in TRACED_PASSES] == [("traced_masks", ("constant_masks",)),
+                                                            ("traced_attention_broadcast", ())]
 
 
 def test_a_pass_runs_only_with_all_its_options_on():
@@ -86,9 +90,9 @@ def test_options_are_read_when_the_graph_is_compiled(tmp_path):
         wrapgen.lower(model, (x,))
     (files,) = _dumps(tmp_path).values()
     # the mask stays, made additive, and computed once at compile time (it reads no input)
-    assert list(files) == ["00-input.txt", "02-common_subexpressions.txt", "04-broadcast_bmm.txt", "11-attention_masks.txt",
-                           "12-input_free.txt"]
-    assert "scaled_dot_product" in files["12-input_free.txt"] and "arange" not in files["12-input_free.txt"]
+    assert list(files) == ["00-input.txt", "02-common_subexpressions.txt", "04-broadcast_bmm.txt", "13-attention_masks.txt",
+                           "14-input_free.txt"]
+    assert "scaled_dot_product" in files["14-input_free.txt"] and "arange" not in files["14-input_free.txt"]
 
 
 def test_no_dump_without_debug_dir_or_without_a_change(tmp_path):

@@ -396,6 +396,8 @@ class KernelGraphLowering(GraphLowering):
         for number, group in enumerate(groups):
             kernel = codegen(group, f"{self.language}_fused_{_describe(group)}_{number}", needed, dtypes,
                              hints, aligned, self.device.type)
+            if not kernel.written:
+                continue  # nothing it computes is read (its reader was folded away): no launch
             calls: list[WrapperLine] = []
             for expr in kernel.host_exprs:
                 if expr not in self.call_symbols:

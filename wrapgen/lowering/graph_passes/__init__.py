@@ -23,12 +23,14 @@ from wrapgen.lowering.graph_passes.broadcast_bmm import fold_broadcast_bmm
 from wrapgen.lowering.graph_passes.common_subexpressions import eliminate_common_subexpressions
 from wrapgen.lowering.graph_passes.constant_masks import drop_constant_masks
 from wrapgen.lowering.graph_passes.conv_layout import channels_last_convolutions, propagate_input_layouts
+from wrapgen.lowering.graph_passes.dead_code import remove_dead_code
 from wrapgen.lowering.graph_passes.inplace_ops import split_inplace_ops
 from wrapgen.lowering.graph_passes.input_free import fold_input_free_values
 from wrapgen.lowering.graph_passes.pipeline import GraphPass, run_passes
 from wrapgen.lowering.graph_passes.reinplace import scatter_in_place
 from wrapgen.lowering.graph_passes.state_write_order import order_state_writes
 from wrapgen.lowering.graph_passes.traced_masks import drop_traced_masks
+from wrapgen.lowering.graph_passes.transposed_operands import copy_matmul_operands_in_order
 from wrapgen.lowering.kernel_lowering import kernel_device, kernel_language
 
 
@@ -75,6 +77,8 @@ ATEN_PASSES: tuple[GraphPass, ...] = (
     # a key/value broadcast against the query (multi-query attention) expanded, so SDPA's fused
     # backends take the call instead of its math backend
     GraphPass("attention_broadcast", (), expand_broadcast_attention),
+    # a transposed copy made only for a matrix product: made in its source's order instead
+    GraphPass("transposed_operands", (), copy_matmul_operands_in_order),
     # The rest only with generated kernels: they pay when their work fuses into one.
     # CUDA addmm read only by pointwise ops: mm, its bias added by the kernel reading it
     GraphPass("addmm_bias", ("kernels", "bias_in_kernels"), bias_into_readers),
@@ -89,6 +93,8 @@ ATEN_PASSES: tuple[GraphPass, ...] = (
     # values computed from no input and no weight (a position index built in forward) computed
     # once; last, so the passes above still see how a mask or an index was built
     GraphPass("input_free", (), fold_input_free_values),
+    # values nothing reads (what the folds above left behind): no kernel, no launch
+    GraphPass("dead_code", (), remove_dead_code),
 )
 
 TRACED_PASSES: tuple[GraphPass, ...] = (

@@ -1,0 +1,44 @@
+"""Values nothing reads, removed before lowering.
+
+Captured graphs arrive without dead code, but the rewrites before lowering leave some: a mask or an
+index folded into a constant (`constant_masks`, `input_free`) leaves the ops that built it, and
+transformers' packed-sequence check (a `cumsum` over positions compared and summed) lost its only
+reader that way in GPT-J. Lowered, such ops still become kernels and launches whose results nothing
+reads. Ops that write an argument, touch the random generator or have other side effects stay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.fx
+
+from wrapgen.lowering.capture import CapturedGraph, graph_module
+
+
+def _impure(node: torch.fx.Node) -> bool:
+    """Side effects fx knows of (a mutable schema, asserts), random draws, and collectives (every
+    rank must issue the same ones)."""
+    if node.op != "call_function":
+        return node.is_impure()
+    tags = getattr(node.target, "tags", ())
+    collective = getattr(node.target, "namespace", "") in ("_c10d_functional", "c10d_functional", "c10d")
+    return node.is_impure() or collective or torch.Tag.nondeterministic_seeded in tags
+
+
+def _dead(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and not node.users and not _impure(node)
+
+
+def remove_dead_code(captured: CapturedGraph) -> CapturedGraph:
+    """`captured` without the pure values nothing reads (on a copy of the graph: the caller's graph
+    module is never changed), or `captured` itself."""
+    gm = captured.graph_module
+    if not any(_dead(n) for n in gm.graph.nodes):
+        return captured
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    graph.eliminate_dead_code(is_impure_node=_impure)
+    graph.lint()
+    return dataclasses.replace(captured, graph_module=graph_module(gm, graph))
