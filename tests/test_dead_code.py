@@ -12,6 +12,7 @@ from wrapgen.lowering.graph_passes.dead_code import remove_dead_code
 from wrapgen.wrapper_ir.lines import KernelCall, KernelDefinition
 
 aten = torch.ops.aten
+torch.library.define("wrapgen_test_dead::side_effect", "(Tensor x) -> Tensor")  # unknown effects: kept
 
 
 def with_an_unread_check(x: torch.Tensor) -> torch.Tensor:
@@ -58,3 +59,15 @@ def test_the_callers_graph_is_not_changed():
     assert rewritten.graph_module is not captured.graph_module
     assert str(captured.graph_module.graph) == before
     assert not any(n.target == aten.cumsum.default for n in rewritten.graph_module.graph.nodes)
+
+
+def test_only_core_aten_ops_are_removed():
+    from wrapgen.lowering.graph_passes.dead_code import _impure
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    pure = graph.call_function(aten.relu.default, (x,))
+    custom = graph.call_function(torch.ops.wrapgen_test_dead.side_effect.default, (x,))
+    python = graph.call_function(print, (x,))
+    graph.output(x)
+    assert not _impure(pure) and _impure(custom) and _impure(python)

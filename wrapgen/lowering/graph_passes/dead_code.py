@@ -10,6 +10,7 @@ reads. Ops that write an argument, touch the random generator or have other side
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 import torch
 import torch.fx
@@ -18,13 +19,15 @@ from wrapgen.lowering.capture import CapturedGraph, graph_module
 
 
 def _impure(node: torch.fx.Node) -> bool:
-    """Side effects fx knows of (a mutable schema, asserts), random draws, and collectives (every
-    rank must issue the same ones)."""
-    if node.op != "call_function":
+    """What must stay even unread: side effects fx knows of (a mutable schema, asserts), random
+    draws, and anything that is not a core ATen op (user Triton kernels, whose higher-order op
+    writes its arguments; collectives, which every rank must issue; custom ops)."""
+    if node.op != "call_function" or node.target is operator.getitem:
         return node.is_impure()
-    tags = getattr(node.target, "tags", ())
-    collective = getattr(node.target, "namespace", "") in ("_c10d_functional", "c10d_functional", "c10d")
-    return node.is_impure() or collective or torch.Tag.nondeterministic_seeded in tags
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace not in ("aten", "prims"):
+        return True
+    return node.is_impure() or torch.Tag.nondeterministic_seeded in target.tags
 
 
 def _dead(node: torch.fx.Node) -> bool:
