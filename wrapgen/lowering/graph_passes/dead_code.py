@@ -42,6 +42,8 @@ def remove_dead_code(captured: CapturedGraph) -> CapturedGraph:
         return captured
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
-    graph.eliminate_dead_code(is_impure_node=_impure)
+    for node in reversed(list(graph.nodes)):  # readers before what they read: a dead chain goes whole
+        if _dead(node):
+            graph.erase_node(node)
     graph.lint()
     return dataclasses.replace(captured, graph_module=graph_module(gm, graph))
