@@ -98,3 +98,17 @@ def test_a_training_step_matches_eager():
     x.grad = y.grad = None
     scores(x, y).square().sum().backward()
     torch.testing.assert_close(grads, (x.grad, y.grad))
+
+
+class NamedInput(torch.nn.Module):
+    """Its argument is named `input`, a builtin: a copied graph renames the placeholder."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002
+        return scores(input, input * 3)
+
+
+@pytest.mark.parametrize("target", ("python", "cpp"))
+def test_an_input_named_after_a_builtin_survives_the_rewrite(target):
+    compiled = wrapgen.compile(NamedInput(), inputs()[:1], target=target)
+    (x,) = inputs()[:1]
+    torch.testing.assert_close(compiled(x), NamedInput()(x))

@@ -17,13 +17,10 @@ in practice.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
-
 import torch
 import torch.fx
 
-from wrapgen.lowering.capture import CapturedGraph, graph_module
+from wrapgen.lowering.capture import CapturedGraph, rewrite_nodes
 
 aten = torch.ops.aten
 
@@ -53,69 +50,50 @@ def broadcast_sizes(query: object, other: object) -> list[int] | None:
     return sizes if changed else None
 
 
-def _gqa(node: torch.fx.Node) -> bool:
-    return bool(node.kwargs.get("enable_gqa", False))
+def _broadcast_arguments(node: torch.fx.Node, targets: tuple, meta_key: str) -> dict[int, list[int]] | None:
+    """For an attention call whose key or value broadcasts against its query: the sizes each of
+    those arguments (by position) must be expanded to; None for any other node."""
+    if node.op != "call_function" or node.target not in targets or len(node.args) < 3:
+        return None
+    if node.kwargs.get("enable_gqa", False) or not all(isinstance(a, torch.fx.Node) for a in node.args[:3]):
+        return None
+    query = node.args[0].meta.get(meta_key)  # type: ignore[union-attr]
+    found = {position: sizes for position in (1, 2)
+             if (sizes := broadcast_sizes(query, node.args[position].meta.get(meta_key))) is not None}  # type: ignore[union-attr]
+    return found or None
 
 
-def _expand(graph: torch.fx.Graph, node: torch.fx.Node, source: torch.fx.Node, sizes: Sequence[int],
-            meta_key: str, aten_graph: bool) -> torch.fx.Node:
-    value = source.meta[meta_key]
-    with graph.inserting_before(node):
-        if aten_graph:
-            expanded = graph.call_function(aten.expand.default, (source, list(sizes)))
-        else:
-            expanded = graph.call_method("expand", (source, *sizes))
-    expanded.meta[meta_key] = value.expand(*sizes)  # a view: a fake value stays in its own mode
-    return expanded
-
-
-def _rewrite(graph: torch.fx.Graph, targets: tuple, meta_key: str, aten_graph: bool) -> bool:
-    """Expand the broadcast key/value of every attention call in `graph`; True when one changed."""
-    changed = False
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in targets or len(node.args) < 3 or _gqa(node):
-            continue
-        if not all(isinstance(a, torch.fx.Node) for a in node.args[:3]):
-            continue
-        query, key, value = node.args[:3]
-        args = list(node.args)
-        for position, source in ((1, key), (2, value)):
-            sizes = broadcast_sizes(query.meta.get(meta_key), source.meta.get(meta_key))  # type: ignore[union-attr]
-            if sizes is not None:
-                args[position] = _expand(graph, node, source, sizes, meta_key, aten_graph)  # type: ignore[arg-type]
-        if args != list(node.args):
-            node.args = tuple(args)
-            changed = True
-    return changed
-
-
-def _has_broadcast_attention(graph: torch.fx.Graph, targets: tuple, meta_key: str) -> bool:
-    for node in graph.nodes:
-        if node.op == "call_function" and node.target in targets and len(node.args) >= 3 and not _gqa(node):
-            query, key, value = (a.meta.get(meta_key) if isinstance(a, torch.fx.Node) else None for a in node.args[:3])
-            if broadcast_sizes(query, key) is not None or broadcast_sizes(query, value) is not None:
-                return True
-    return False
+def _expand_arguments(graph: torch.fx.Graph, node: torch.fx.Node, found: dict[int, list[int]], meta_key: str,
+                      aten_graph: bool) -> bool:
+    args = list(node.args)
+    for position, sizes in found.items():
+        source = args[position]
+        assert isinstance(source, torch.fx.Node)
+        with graph.inserting_before(node):
+            if aten_graph:
+                expanded = graph.call_function(aten.expand.default, (source, sizes))
+            else:
+                expanded = graph.call_method("expand", (source, *sizes))
+        expanded.meta[meta_key] = source.meta[meta_key].expand(*sizes)  # a view: a fake value stays in its mode
+        args[position] = expanded
+    node.args = tuple(args)
+    return True
 
 
 def expand_broadcast_attention(captured: CapturedGraph) -> CapturedGraph:
     """`captured` with broadcast keys and values of its SDPA calls expanded (on a copy of the
     graph: the caller's graph module is never changed), or `captured` itself."""
-    gm = captured.graph_module
-    if not _has_broadcast_attention(gm.graph, _ATEN_ATTENTION, "val"):
-        return captured
-    graph = torch.fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    _rewrite(graph, _ATEN_ATTENTION, "val", aten_graph=True)
-    graph.lint()
-    return dataclasses.replace(captured, graph_module=graph_module(gm, graph))
+    return rewrite_nodes(captured, lambda node: _broadcast_arguments(node, _ATEN_ATTENTION, "val"),
+                         lambda graph, node, found, _: _expand_arguments(graph, node, found, "val", aten_graph=True))
 
 
 def expand_traced_attention(gm: torch.fx.GraphModule) -> bool:
     """Rewrite dynamo's graph in place; True when an attention call changed."""
-    if not _has_broadcast_attention(gm.graph, _TRACED_ATTENTION, "example_value"):
-        return False
-    _rewrite(gm.graph, _TRACED_ATTENTION, "example_value", aten_graph=False)
-    gm.graph.lint()
-    gm.recompile()
-    return True
+    calls = [(node, found) for node in gm.graph.nodes
+             if (found := _broadcast_arguments(node, _TRACED_ATTENTION, "example_value")) is not None]
+    for node, found in calls:
+        _expand_arguments(gm.graph, node, found, "example_value", aten_graph=False)
+    if calls:
+        gm.graph.lint()
+        gm.recompile()
+    return bool(calls)

@@ -10,12 +10,10 @@ all layers. The values SDPA sees are the same, so results are too.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from torch._guards import detect_fake_mode
 
-from wrapgen.lowering.capture import CapturedGraph, graph_module
+from wrapgen.lowering.capture import CapturedGraph, with_graph
 
 aten = torch.ops.aten
 
@@ -81,4 +79,4 @@ def float_attention_masks(captured: CapturedGraph) -> CapturedGraph:
         else:
             node.args = (*node.args[:position], converted[key], *node.args[position + 1:])  # type: ignore[misc]
     graph.lint()
-    return dataclasses.replace(captured, graph_module=graph_module(gm, graph))
+    return with_graph(captured, graph)

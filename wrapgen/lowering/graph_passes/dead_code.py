@@ -9,13 +9,12 @@ reads. Ops that write an argument, touch the random generator or have other side
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 
 import torch
 import torch.fx
 
-from wrapgen.lowering.capture import CapturedGraph, graph_module
+from wrapgen.lowering.capture import CapturedGraph, with_graph
 
 
 def _impure(node: torch.fx.Node) -> bool:
@@ -46,4 +45,4 @@ def remove_dead_code(captured: CapturedGraph) -> CapturedGraph:
         if _dead(node):
             graph.erase_node(node)
     graph.lint()
-    return dataclasses.replace(captured, graph_module=graph_module(gm, graph))
+    return with_graph(captured, graph)

@@ -13,16 +13,13 @@ a view the swapped strides still allow, read only by `mm`/`bmm`, so no other op 
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.fx
 
-from wrapgen.lowering.capture import CapturedGraph, graph_module
+from wrapgen.lowering.capture import CapturedGraph, rewrite_nodes
 
 aten = torch.ops.aten
 
-_CLONES = (aten.clone.default,)
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 _PRODUCTS = (aten.mm.default, aten.bmm.default)
 
@@ -34,7 +31,7 @@ def _value(node: object) -> torch.Tensor | None:
 
 def _transposed_copy(node: torch.fx.Node) -> bool:
     """A contiguous clone whose source is innermost along its second-to-last dimension."""
-    if node.op != "call_function" or node.target not in _CLONES:
+    if node.op != "call_function" or node.target != aten.clone.default:
         return False
     if node.kwargs.get("memory_format", torch.contiguous_format) != torch.contiguous_format:
         return False
@@ -69,20 +66,28 @@ def _swapped_views(node: torch.fx.Node, swapped: torch.Tensor) -> dict[torch.fx.
     return values
 
 
-def _rewrite(graph: torch.fx.Graph, clone: torch.fx.Node) -> bool:
+def _plan(node: torch.fx.Node) -> tuple[torch.Tensor, dict[torch.fx.Node, torch.Tensor]] | None:
+    """For a transposed copy only products read: the copy made in its source's order, and the new
+    values of the views reading it; None for any other node."""
+    if not _transposed_copy(node):
+        return None
+    in_order = aten.clone.default(aten.transpose.int(_value(node.args[0]), -1, -2),
+                                  memory_format=torch.contiguous_format)
+    views = _swapped_views(node, aten.transpose.int(in_order, -1, -2))
+    return None if views is None else (in_order, views)
+
+
+def _rewrite(graph: torch.fx.Graph, clone: torch.fx.Node,
+             plan: tuple[torch.Tensor, dict[torch.fx.Node, torch.Tensor]], _fake_mode: object) -> bool:
+    in_order, views = plan
     source = clone.args[0]
     assert isinstance(source, torch.fx.Node)
-    in_order = aten.clone.default(aten.transpose.int(_value(source), -1, -2), memory_format=torch.contiguous_format)
-    swapped = aten.transpose.int(in_order, -1, -2)
-    views = _swapped_views(clone, swapped)
-    if views is None:
-        return False
     with graph.inserting_before(clone):
         turned = graph.call_function(aten.transpose.int, (source, -1, -2))
         copied = graph.call_function(aten.clone.default, (turned,), {"memory_format": torch.contiguous_format})
         back = graph.call_function(aten.transpose.int, (copied, -1, -2))
     turned.meta["val"] = aten.transpose.int(_value(source), -1, -2)
-    copied.meta["val"], back.meta["val"] = in_order, swapped
+    copied.meta["val"], back.meta["val"] = in_order, aten.transpose.int(in_order, -1, -2)
     for view, value in views.items():
         view.meta["val"] = value
     clone.replace_all_uses_with(back)
@@ -93,18 +98,4 @@ def _rewrite(graph: torch.fx.Graph, clone: torch.fx.Node) -> bool:
 def copy_matmul_operands_in_order(captured: CapturedGraph) -> CapturedGraph:
     """`captured` with transposed copies feeding products made in their source's order (on a copy of
     the graph: the caller's graph module is never changed), or `captured` itself."""
-    gm = captured.graph_module
-    candidates = [n for n in gm.graph.nodes if _transposed_copy(n)]
-    if not candidates or all(_swapped_views(n, _value(n).transpose(-1, -2).contiguous().transpose(-1, -2)) is None
-                             for n in candidates):
-        return captured
-    graph = torch.fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    changed = False
-    for node in list(graph.nodes):
-        if _transposed_copy(node):
-            changed |= _rewrite(graph, node)
-    if not changed:
-        return captured
-    graph.lint()
-    return dataclasses.replace(captured, graph_module=graph_module(gm, graph))
+    return rewrite_nodes(captured, _plan, _rewrite, target=aten.clone.default)
