@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import wrapgen
+import wrapgen.dynamo
 import wrapgen.lowering.graph_passes.conv_choice as conv_choice
 import wrapgen.lowering.graph_passes.conv_layout as conv_layout
 from wrapgen.kernels.triton import compat
@@ -257,6 +258,45 @@ def test_layout_dependent_views_read_the_original_layout(on_cpu, target):
     _check(model, x, target)
 
 
+class PoolFormer(nn.Module):
+    """A PoolFormer stage: convolutions between group norms (one group), whose CUDA kernel takes
+    only a contiguous input."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.stem, self.norm1, self.norm2 = nn.Conv2d(3, c, 3, padding=1), nn.GroupNorm(1, c), nn.GroupNorm(1, c)
+        self.fc1, self.fc2 = nn.Conv2d(c, 2 * c, 1), nn.Conv2d(2 * c, c, 1)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = self.norm1(x)
+        x = x + torch.nn.functional.avg_pool2d(y, 3, 1, 1) - y
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm2(x))))
+
+
+def _group_norm_inputs_contiguous(program) -> list[bool]:
+    types = {name: t for line in program.lines for name, t in line.defined_types().items()}
+    types.update({i.name: i.type for i in program.inputs})
+    contiguous = []
+    for line in program.lines:
+        if isinstance(line, ExternKernel) and line.op == "aten::native_group_norm.default":
+            t = types[line.args[0].name]
+            probe = torch.empty_strided([int(s) for s in t.sizes], [int(s) for s in t.strides], device="meta")
+            contiguous.append(probe.is_contiguous())
+    return contiguous
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_group_norm_reads_a_contiguous_input(on_cpu, monkeypatch, target):
+    monkeypatch.setattr(conv_layout, "CONTIGUOUS_INPUT_OPS",
+                        {torch.ops.aten.native_group_norm.default: frozenset({"cpu", "cuda"})})
+    model, x = PoolFormer().eval(), torch.randn(2, 3, 8, 8)
+    program = wrapgen.lower(model, (x,))
+    contiguous = _group_norm_inputs_contiguous(program)
+    assert contiguous and all(contiguous), str(program)
+    _check(model, x, target, rtol=1e-4, atol=1e-4)
+
+
 def test_option_off_from_the_environment(monkeypatch):
     monkeypatch.setenv("WRAPGEN_LAYOUT_OPTIMIZATION", "0")
     assert wrapgen.config.OPTIONS["layout_optimization"].parse_env() is False
@@ -359,6 +399,20 @@ def test_cuda_layout_dependent_views(target):
         pytest.skip("needs CUDA")
     model = Flatten().eval().cuda()
     _check(model, torch.randn(2, 3, 5, 5, device="cuda"), target, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("target", ["python", "cpp"])
+def test_cuda_group_norm_after_channels_last_convolutions(target):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    model = PoolFormer().eval().cuda()
+    _check(model, torch.randn(2, 3, 8, 8, device="cuda"), target, rtol=1e-3, atol=1e-3)
+    wrapgen.dynamo.ensure_registered()
+    compiled = torch.compile(model, backend="wrapgen", options={"target": target})
+    x = torch.randn(2, 3, 8, 8, device="cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.cuda

@@ -151,3 +151,52 @@ def test_a_value_an_in_place_update_writes_later_is_not_folded_from_before_it():
         graph.call_function(torch.ops.aten.add_.Tensor, (mul, total))
     input_free_nodes = {n for n in graph.nodes if n.op == "call_function" and not n.all_input_nodes or n is mul}
     assert input_free._written_later(mul, input_free_nodes)
+
+
+def test_the_dynamo_entry_folds_an_index_built_with_scalar_writes(monkeypatch):
+    """Through torch.compile, `index[0, 0:] = value` writes a tensor attribute dynamo made of the
+    Python number (`_tensor_constant<N>`): a value of known content, so the index still folds."""
+    import wrapgen.api
+    import wrapgen.dynamo
+
+    wrapgen.dynamo.ensure_registered()
+    programs = []
+    start_emit = wrapgen.api._start_emit
+    monkeypatch.setattr(wrapgen.api, "_start_emit", lambda program, target: programs.append(program)
+                        or start_emit(program, target))
+    model = RelativeBias()
+    compiled = torch.compile(model, backend="wrapgen")
+    with torch.no_grad():
+        for _ in range(2):
+            scores = _scores()
+            torch.testing.assert_close(compiled(scores), model(scores))
+    (program,) = programs
+    assert _folded(program), str(program)
+    ops = " ".join(dict(line.metadata).get("ops", "") for line in program.lines if isinstance(line, KernelDefinition))
+    ops += " ".join(line.op for line in program.lines if isinstance(line, ExternKernel))
+    assert "arange" not in ops and "where" not in ops and "copy" not in ops, ops
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_dynamo_entry_makes_a_cpu_index_of_a_cuda_table_a_cuda_constant(monkeypatch):
+    """BEiT through torch.compile: the CPU index, built with scalar writes, is a CUDA constant, so
+    no call rebuilds it on the CPU and copies it over."""
+    import wrapgen.api
+    import wrapgen.dynamo
+
+    wrapgen.dynamo.ensure_registered()
+    programs = []
+    start_emit = wrapgen.api._start_emit
+    monkeypatch.setattr(wrapgen.api, "_start_emit", lambda program, target: programs.append(program)
+                        or start_emit(program, target))
+    model = RelativeBias().cuda()
+    compiled = torch.compile(model, backend="wrapgen")
+    with torch.no_grad():
+        scores = _scores().cuda()
+        torch.testing.assert_close(compiled(scores), model(scores))
+    (program,) = programs
+    built = ("arange", "where", "copy", "lift_fresh")  # what built the index on the CPU, then moved it
+    assert not any(isinstance(line, ExternKernel) and any(op in line.op for op in built) for line in program.lines)
+    folded = [c for c in program.constants if c.name.endswith("_folded")]
+    assert folded and all(c.value.device.type == "cuda" for c in folded if c.value.dtype == torch.int64)

@@ -112,3 +112,29 @@ def test_an_input_named_after_a_builtin_survives_the_rewrite(target):
     compiled = wrapgen.compile(NamedInput(), inputs()[:1], target=target)
     (x,) = inputs()[:1]
     torch.testing.assert_close(compiled(x), NamedInput()(x))
+
+
+class TokenMixing(torch.nn.Module):
+    """An MLP-Mixer block: a linear layer over the transposed, normalized tokens, then one over the
+    channels. The transposed copy feeds a flattening view that its swapped strides cannot express
+    (dynamo's graph checks that with torch's Python references, which raise ValueError), so it
+    stays row-major."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.tokens, self.channels = torch.nn.LayerNorm(32), torch.nn.Linear(16, 16), torch.nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.tokens(self.norm(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.channels(self.norm(x))
+
+
+@pytest.mark.parametrize("entry", ("compile", "dynamo"))
+def test_a_flattened_transposed_copy_stays_row_major(entry):
+    wrapgen.dynamo.ensure_registered()
+    model = TokenMixing().eval()
+    with torch.no_grad():
+        compiled = (wrapgen.compile(model, (torch.randn(4, 16, 32),)) if entry == "compile"
+                    else torch.compile(model, backend="wrapgen"))
+        x = torch.randn(4, 16, 32)
+        torch.testing.assert_close(compiled(x), model(x))

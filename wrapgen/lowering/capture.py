@@ -231,15 +231,24 @@ def _from_exported(exported: torch.export.ExportedProgram) -> CapturedGraph:
     )
 
 
+# fx names a tensor the traced code made from Python data (`torch.tensor(0)`), held by no module,
+# `_tensor_constant<N>` (torch.fx's Tracer.create_arg); aot_autograd hands parameters and buffers in
+# as inputs, so such an attribute's value is fixed when the graph is traced.
+_TRACED_CONSTANT_PREFIX = "_tensor_constant"
+
+
 def capture_aten_graph(gm: torch.fx.GraphModule) -> CapturedGraph:
     inputs = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     constants: dict[str, tuple[str, torch.Tensor]] = {}
+    frozen = set()
     for node in gm.graph.nodes:
         if node.op == "get_attr":
             value = operator.attrgetter(node.target)(gm)
             if not isinstance(value, torch.Tensor):
                 raise LoweringError(f"get_attr {node.target} is a {type(value).__name__}, not a tensor")
             constants[node.name] = (node.target, value.detach())
+            if str(node.target).startswith(_TRACED_CONSTANT_PREFIX) and not isinstance(value, torch.nn.Parameter):
+                frozen.add(node.name)
     output = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     kind = "tuple" if isinstance(output, tuple) else "list" if isinstance(output, list) else "single"
-    return CapturedGraph(gm, inputs, constants, output_kind=kind)
+    return CapturedGraph(gm, inputs, constants, output_kind=kind, frozen=frozenset(frozen))

@@ -66,6 +66,12 @@ _LAYOUT_FREE_VIEWS = frozenset({
 
 _CHANNELS_LAST = torch.channels_last
 
+# Library ops whose kernels on these devices take only a contiguous first input. The composite op
+# eager calls (`group_norm`) makes its input contiguous on CUDA first; export traced a contiguous
+# input, so the graph holds no copy, and the meta function checks nothing. An input the rewrite made
+# channels-last is copied back for them, as eager would copy it.
+CONTIGUOUS_INPUT_OPS: dict[object, frozenset[str]] = {torch.ops.aten.native_group_norm.default: frozenset({"cuda"})}
+
 
 def _channels_last_strides(shape: torch.Size) -> tuple[int, ...]:
     n, c, h, w = shape
@@ -242,6 +248,8 @@ class _Rewriter:
             args = (self._restore(args[0]), *args[1:])
         elif self._is_layout_dependent_view(node) and isinstance(args[0], torch.fx.Node) and args[0] in self.changed:
             args = (self._restore(args[0]), *args[1:])
+        elif self._needs_contiguous_input(node) and isinstance(args[0], torch.fx.Node) and args[0] in self.changed:
+            args = (self._restore(args[0]), *args[1:])
         new = self._copy(node, args, kwargs)
         if not any(n in self.changed for n in new.all_input_nodes):
             return  # nothing it reads changed: its traced value stands
@@ -342,6 +350,12 @@ class _Rewriter:
     def _is_view(node: torch.fx.Node) -> bool:
         op = node.target
         return isinstance(op, torch._ops.OpOverload) and (op.is_view or op._schema.name == "aten::_unsafe_view")
+
+    @staticmethod
+    def _needs_contiguous_input(node: torch.fx.Node) -> bool:
+        devices = CONTIGUOUS_INPUT_OPS.get(node.target)
+        value = node.args[0].meta.get("val") if devices and isinstance(node.args[0], torch.fx.Node) else None
+        return isinstance(value, torch.Tensor) and value.device.type in devices  # type: ignore[operator]
 
     def _is_layout_dependent_view(self, node: torch.fx.Node) -> bool:
         return self._is_view(node) and node.target._schema.name not in _LAYOUT_FREE_VIEWS  # type: ignore[union-attr]

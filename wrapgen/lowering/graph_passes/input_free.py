@@ -38,10 +38,10 @@ def fold_input_free_values(captured: CapturedGraph) -> CapturedGraph:
     """`captured` with every foldable input-free value replaced by a constant placeholder (a new
     graph), or `captured` itself when there is none."""
     graph = captured.graph_module.graph
-    # constants the traced code made from Python data (torch.export's lifted tensors) are leaves
-    # of known value; parameters and buffers are not: they can change between calls
+    # constants the traced code made from Python data (torch.export's lifted tensors, the tensor
+    # attributes of aot_autograd's graphs) are leaves of known value; parameters and buffers are not: they can change between calls
     known = {n: captured.constants[n.name][1] for n in graph.nodes
-             if n.op == "placeholder" and n.name in captured.frozen and n.name in captured.constants}
+             if n.op in ("placeholder", "get_attr") and n.name in captured.frozen and n.name in captured.constants}
     input_free: set[torch.fx.Node] = set(known)
     for node in graph.nodes:
         if pure_op(node) and all(a in input_free for a in node.all_input_nodes):
@@ -154,4 +154,6 @@ def _with_constants(captured: CapturedGraph, folds: dict[str, tuple[torch.Tensor
     new.eliminate_dead_code()
     new.lint()
     rewritten = with_graph(captured, new)
-    return dataclasses.replace(rewritten, constants={**rewritten.constants, **added})
+    present = {n.name for n in new.nodes}  # a get_attr constant only folded values read is gone
+    kept = {name: c for name, c in rewritten.constants.items() if name in present}
+    return dataclasses.replace(rewritten, constants={**kept, **added})

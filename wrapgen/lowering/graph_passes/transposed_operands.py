@@ -61,7 +61,7 @@ def _swapped_views(node: torch.fx.Node, swapped: torch.Tensor) -> dict[torch.fx.
         size = list(user.args[1])  # type: ignore[arg-type]
         try:
             values[user] = aten.view.default(swapped, size)  # raises where the strides forbid a view
-        except RuntimeError:
+        except (RuntimeError, ValueError):  # C++ meta kernels raise the one, torch's Python references the other
             return None
     return values
 
