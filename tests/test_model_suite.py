@@ -140,3 +140,13 @@ def test_runs_of_different_code_merge_with_mixed_code(tmp_path: Path) -> None:
     text = md.read_text()
     assert "## Code per model" in text and "- `1111111`: huggingface/bert" in text
     assert len(rerun["results"]) == 6
+
+
+def test_a_training_step_runs_once_per_target() -> None:
+    """wrapgen[t] trains through torch.compile(backend="wrapgen"): beside it, wrapgen-dynamo[t]
+    would time the same compiled step again, so it keeps its inference rows only."""
+    chosen = {c.name: c for c in run.contenders("cpu", "wrapgen[python],wrapgen-dynamo[python],wrapgen-dynamo[cpp]")}
+    assert chosen["wrapgen[python]"].train_build is not None
+    assert chosen["wrapgen-dynamo[python]"].train_build is None  # the same step as wrapgen[python]'s
+    assert chosen["wrapgen-dynamo[cpp]"].train_build is not None  # wrapgen[cpp] is not in the run
+    assert chosen["wrapgen-dynamo[python]"].build is not None

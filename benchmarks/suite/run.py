@@ -10,7 +10,8 @@ Contenders (each built with cold caches, checked against eager, then timed in ro
 rotates): eager; torch.compile (Inductor); wrapgen.compile per target (`wrapgen[python]`,
 `wrapgen[cpp]`); torch.compile(backend="wrapgen") per target (`wrapgen-dynamo[python]`, ...),
 the entry point most users take. Training steps (the causal language models, `--training`) go
-through torch.compile for every compiler. Per model, wrapgen's lowered program is counted too:
+through torch.compile for every compiler (for wrapgen: `backend="wrapgen"`, timed once, under
+`wrapgen[t]`, where `wrapgen-dynamo[t]` runs too). Per model, wrapgen's lowered program is counted too:
 generated kernels, their launches and the library calls left, by op.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -42,10 +44,24 @@ DEFAULT_CONTENDERS = "torch.compile,wrapgen[python],wrapgen[cpp],wrapgen-dynamo[
 
 
 def contenders(device: str, names: str) -> list[Contender]:
-    """eager (always) and the named ones; `wrapgen-dynamo[t]` is torch.compile(backend="wrapgen")."""
+    """eager (always) and the named ones; `wrapgen-dynamo[t]` is torch.compile(backend="wrapgen").
+
+    A training step compiles through torch.compile for every compiler, so `wrapgen[t]` and
+    `wrapgen-dynamo[t]` would time the same compiled step twice, and their rows differed only by
+    noise (a GPT-J step 2.25 and 2.91 ms in one CPU run): where both are named, the step runs once,
+    under `wrapgen[t]`."""
     every = [c for c in contenders_mod.default_contenders(device) if c.name != "torch.compile[reduce-overhead]"]
     every += contenders_mod.dynamo_entry_contenders()
-    return contenders_mod.select(every, names)
+    chosen = contenders_mod.select(every, names)
+    named = {c.name for c in chosen}
+    return [dataclasses.replace(c, train_build=None) if _same_training_step_as(c.name) in named else c
+            for c in chosen]
+
+
+def _same_training_step_as(name: str) -> str | None:
+    """`wrapgen[t]` for `wrapgen-dynamo[t]`: the contender whose training step is the same."""
+    prefix = "wrapgen-dynamo["
+    return "wrapgen[" + name[len(prefix):] if name.startswith(prefix) else None
 
 
 @contextlib.contextmanager
