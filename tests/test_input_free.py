@@ -200,3 +200,26 @@ def test_the_dynamo_entry_makes_a_cpu_index_of_a_cuda_table_a_cuda_constant(monk
     assert not any(isinstance(line, ExternKernel) and any(op in line.op for op in built) for line in program.lines)
     folded = [c for c in program.constants if c.name.endswith("_folded")]
     assert folded and all(c.value.device.type == "cuda" for c in folded if c.value.dtype == torch.int64)
+
+
+class TwoLayers(nn.Module):
+    """Two attention layers that each build the same index in forward (ConViT's layers each build
+    their relative positions), with different tables."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = RelativeBias(), RelativeBias()
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(scores))
+
+
+@pytest.mark.parametrize("target", ["python", "cpp"])
+def test_equal_folded_values_are_held_once(target):
+    model = TwoLayers()
+    program = wrapgen.lower(model, (_scores(),))
+    indices = [c for c in program.constants if c.name.endswith("_folded") and c.value.dtype == torch.int64]
+    assert len(indices) == 1, [c.name for c in program.constants]
+    compiled = wrapgen.compile(model, (_scores(),), target=target)
+    scores = _scores()
+    torch.testing.assert_close(compiled(scores), model(scores))
