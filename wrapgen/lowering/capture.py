@@ -240,7 +240,7 @@ _TRACED_CONSTANT_PREFIX = "_tensor_constant"
 def capture_aten_graph(gm: torch.fx.GraphModule) -> CapturedGraph:
     inputs = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     constants: dict[str, tuple[str, torch.Tensor]] = {}
-    frozen = set()
+    frozen: set[str] = set()
     for node in gm.graph.nodes:
         if node.op == "get_attr":
             value = operator.attrgetter(node.target)(gm)

@@ -39,7 +39,8 @@ def fold_input_free_values(captured: CapturedGraph) -> CapturedGraph:
     graph), or `captured` itself when there is none."""
     graph = captured.graph_module.graph
     # constants the traced code made from Python data (torch.export's lifted tensors, the tensor
-    # attributes of aot_autograd's graphs) are leaves of known value; parameters and buffers are not: they can change between calls
+    # attributes of aot_autograd's graphs) are leaves of known value; parameters and buffers are
+    # not: they can change between calls
     known = {n: captured.constants[n.name][1] for n in graph.nodes
              if n.op in ("placeholder", "get_attr") and n.name in captured.frozen and n.name in captured.constants}
     input_free: set[torch.fx.Node] = set(known)
@@ -62,7 +63,7 @@ def _repeated_values(folds: dict[str, tuple[torch.Tensor, str]]) -> dict[str, st
     """For each folded value equal to an earlier one (sizes, strides, dtype, device and every
     element), that earlier one's name: the program holds it once. Each layer of a model builds
     the same table (ConViT's ten attention layers each made its [batch * 196 * 196, 3] relative
-    positions: 147 MB held at batch 32 where 14.7 do)."""
+    positions: 74 MB held at batch 32 in bf16 where 7.4 do)."""
     kept: dict[tuple, list[str]] = {}
     same: dict[str, str] = {}
     for name, (value, _) in folds.items():
