@@ -1,7 +1,7 @@
 """Sharded models on several ranks: eager, torch.compile (Inductor) and wrapgen, one process per rank.
 
     torchrun --nproc-per-node N -m benchmarks.distributed --device cuda|cpu
-        [--scenarios tp-block,tp-train,fsdp2] [--contenders eager,torch.compile,wrapgen,wrapgen-dynamo,...]
+        [--scenarios tp-block,tp-train,fsdp2,fsdp2-gpt2] [--contenders eager,torch.compile,wrapgen,wrapgen-dynamo,...]
         [--size full|tiny] [--rounds 7] [--steps 10] [--check-steps 2] [--warmup 2] [--profile-steps 3]
         [--compile-optimizer] [--threads N] [--out-dir DIR]
 
@@ -17,6 +17,8 @@ Scenarios (benchmarks/distributed_models.py):
               parallelism (`parallelize_module`, ColwiseParallel / RowwiseParallel)
     fsdp2     the same step under FSDP2 (`fully_shard` on each decoder layer, then the root), each rank
               on its own batch
+    fsdp2-gpt2  transformers' GPT-2 (12 x 768 at `full`) under FSDP2 (`fully_shard` on each block, then the
+              root), each rank on its own batch; needs transformers
 
 Contenders, each on its own copy of the model (and optimizer):
 
@@ -58,7 +60,8 @@ from benchmarks.measure import check_close
 from benchmarks.step_rounds import Row
 
 REFERENCE = "eager"
-SCENARIOS = ("tp-block", "tp-train", "fsdp2")
+SCENARIOS = ("tp-block", "tp-train", "fsdp2", "fsdp2-gpt2")
+DATA_PARALLEL = ("fsdp2", "fsdp2-gpt2")  # each rank trains on its own batch
 LR = 1e-3
 
 
@@ -203,8 +206,11 @@ def build(scenario: Scenario, contender: Contender, args: argparse.Namespace) ->
                 return forward(*example)
 
         return Instance(model, infer)
-    model = models.decoder(size, device, dtype)
-    model = (models.tensor_parallel if scenario.name == "tp-train" else models.fully_sharded)(model, args.mesh)
+    if scenario.name == "fsdp2-gpt2":
+        model = models.fully_sharded_gpt2(models.gpt2(args.size, size, device, dtype), args.mesh)
+    else:
+        model = models.decoder(size, device, dtype)
+        model = (models.tensor_parallel if scenario.name == "tp-train" else models.fully_sharded)(model, args.mesh)
     forward = contender.forward(model, scenario.inputs)
     optimizer = torch.optim.AdamW(parameter_groups(model), lr=LR, weight_decay=0.01, foreach=True)
     update = contender.step(optimizer.step) if args.compile_optimizer and contender.step else optimizer.step
@@ -373,9 +379,10 @@ def make_scenario(name: str, args: argparse.Namespace) -> Scenario:
     if name == "tp-block":  # bf16: the model suite's inference tolerance (model_suite.TOLERANCES)
         tolerance = (5e-2, 5e-2, True) if low else (1.3e-6, 1e-5, False)  # float32: assert_close's defaults
         return Scenario(name, (models.tp_block_input(size, device, dtype),), tolerance)
-    seed = models.SEED + 2 + (args.ranks.rank if name == "fsdp2" else 0)  # FSDP2: data parallel over ranks
+    seed = models.SEED + 2 + (args.ranks.rank if name in DATA_PARALLEL else 0)  # FSDP2: data parallel over ranks
     tolerance = (1.6e-2, 1e-3, False) if low else (1e-4, 1e-5, False)  # the loss is float32 either way
-    return Scenario(name, models.token_batch(size, seed, device), tolerance)
+    vocab = models.GPT2_SHAPES[args.size].vocab if name == "fsdp2-gpt2" else None
+    return Scenario(name, models.token_batch(size, seed, device, vocab), tolerance)
 
 
 def run_scenario(name: str, args: argparse.Namespace) -> list[Row]:
@@ -479,7 +486,8 @@ def report(rows: list[Row], args: argparse.Namespace, minutes: float, argv: Sequ
                + " ".join(sys.argv[1:] if argv is None else argv))
     settings = {
         "ranks": f"{world} ({'NCCL, NCCL_NVLS_ENABLE=0' if args.device == 'cuda' else 'gloo'}), one process per rank",
-        "size": f"`{args.size}`, {dtype}: {args.size_spec.describe()}",
+        "size": f"`{args.size}`, {dtype}: {args.size_spec.describe()}"
+                + (f"; fsdp2-gpt2: {models.GPT2_SHAPES[args.size]}" if "fsdp2-gpt2" in args.scenario_names else ""),
         "optimizer": f"AdamW(lr={LR}, weight_decay=0.01, foreach=True), "
                      + ("compiled with the contender's compiler" if args.compile_optimizer else "not compiled"),
         "rounds × steps": f"{args.rounds} × {args.steps} (after the checked steps and {args.warmup} warm-up steps)",

@@ -1,6 +1,7 @@
 """The models of `benchmarks.distributed`: a hand-written tensor-parallel Llama-style block (its
-collectives are functional all_reduces in the model's own code) and a small Llama-style decoder
-that torch.distributed parallelizes (DTensor tensor parallelism, FSDP2).
+collectives are functional all_reduces in the model's own code), a small Llama-style decoder
+that torch.distributed parallelizes (DTensor tensor parallelism, FSDP2), and transformers' GPT-2
+(FSDP2).
 
 Weights come from fixed seeds on the CPU, so every rank, and every contender's copy, starts from
 the same numbers whatever the device; each rank then keeps its own shard.
@@ -227,8 +228,64 @@ def fully_sharded(model: Decoder, mesh: object) -> Decoder:
     return fully_shard(model, mesh=mesh)
 
 
-def token_batch(size: Size, seed: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids and next-token targets, from `seed` (made on the CPU)."""
+def token_batch(size: Size, seed: int, device: str, vocab: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (below `vocab`, by default the size's) and next-token targets, from `seed` (made on
+    the CPU)."""
     generator = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, size.vocab, (size.train_batch, size.train_seq + 1), generator=generator)
+    tokens = torch.randint(0, vocab or size.vocab, (size.train_batch, size.train_seq + 1), generator=generator)
     return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
+
+
+# -- fsdp2-gpt2: transformers' GPT-2 under FSDP2 ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GPT2Shape:
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+
+
+GPT2_SHAPES = {"full": GPT2Shape(layers=12, hidden=768, heads=12, vocab=50257),  # GPT-2 small
+               "tiny": GPT2Shape(layers=2, hidden=32, heads=4, vocab=64)}
+
+
+class GPT2Loss(nn.Module):
+    """transformers' GPT-2 language model whose forward returns the next-token loss (float32), as
+    the decoder's does."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids=ids, use_cache=False).logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def gpt2(size_name: str, size: Size, device: str, dtype: torch.dtype) -> GPT2Loss:
+    """GPT-2 of `GPT2_SHAPES[size_name]` from SEED (made on the CPU), without dropout, so every
+    contender's step computes the same function; positions up to the size's sequence length."""
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError as error:  # an optional extra, like the model suite's
+        raise RuntimeError(f"fsdp2-gpt2 needs transformers ({error})") from error
+    shape = GPT2_SHAPES[size_name]
+    config = GPT2Config(n_layer=shape.layers, n_embd=shape.hidden, n_head=shape.heads, vocab_size=shape.vocab,
+                        n_positions=max(size.train_seq, 8), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        use_cache=False)
+    config._attn_implementation = "sdpa"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        model = GPT2LMHeadModel(config)
+    return GPT2Loss(model).to(device=device, dtype=dtype)
+
+
+def fully_sharded_gpt2(model: GPT2Loss, mesh: object) -> GPT2Loss:
+    """FSDP2 as a user writes it for GPT-2: `fully_shard` on each transformer block, then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.model.transformer.h:
+        fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)

@@ -115,7 +115,8 @@ def markdown(rows: Sequence[Row], info: machine.MachineInfo, settings: dict[str,
     lines += step_rounds.failures(rows)
     lines += [
         "## Method", "",
-        "- **tp-block**: the forward of the tensor-parallel block stack (no gradients); **tp-train** and **fsdp2**:",
+        "- **tp-block**: the forward of the tensor-parallel block stack (no gradients); **tp-train**, **fsdp2** and",
+        "  **fsdp2-gpt2** (transformers' GPT-2, dropout off, FSDP2 on each block and the root):",
         "  a training step: zero the gradients, forward to the loss, backward, AdamW step.",
         "- Every contender has its own copy of the model (and optimizer), from the same seed on every rank. It is",
         "  built and takes its first step (**first step**: the slowest rank's synchronized wall time of both, the",

@@ -17,7 +17,7 @@ import pytest
 from tests.test_benchmarks import ROOT, _named
 from tests.test_collectives_distributed import free_port
 
-SCENARIOS = ("tp-block", "tp-train", "fsdp2")
+SCENARIOS = ("tp-block", "tp-train", "fsdp2", "fsdp2-gpt2")
 # One of each kind of contender (Inductor's cold compile alone would take most of the time budget on
 # a 2-core machine): the reference, wrapgen.compile and torch.compile(backend="wrapgen") on both targets.
 CONTENDERS = ("eager", "wrapgen[python]", "wrapgen-dynamo[python]", "wrapgen-dynamo[cpp]")
