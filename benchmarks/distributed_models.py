@@ -272,10 +272,10 @@ def gpt2(size_name: str, size: Size, device: str, dtype: torch.dtype) -> GPT2Los
     except ImportError as error:  # an optional extra, like the model suite's
         raise RuntimeError(f"fsdp2-gpt2 needs transformers ({error})") from error
     shape = GPT2_SHAPES[size_name]
+    last = shape.vocab - 1  # GPT-2's end-of-text token is its vocabulary's last
     config = GPT2Config(n_layer=shape.layers, n_embd=shape.hidden, n_head=shape.heads, vocab_size=shape.vocab,
                         n_positions=max(size.train_seq, 8), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                        use_cache=False)
-    config._attn_implementation = "sdpa"
+                        use_cache=False, bos_token_id=last, eos_token_id=last, attn_implementation="sdpa")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
         model = GPT2LMHeadModel(config)
