@@ -145,17 +145,19 @@ def test_stem_pools_in_nhwc_without_copies(on_cpu, target):
     _check(model, x, target)
 
 
-def _conv_layouts(program) -> list[bool]:
-    """Per library convolution, in order: whether it reads a channels-last input."""
+def _first_inputs(program, op: str) -> list[torch.Tensor]:
+    """Per library call of `op`, in order: a meta tensor laid out as its first input."""
     types = {name: t for line in program.lines for name, t in line.defined_types().items()}
     types.update({i.name: i.type for i in program.inputs})
-    found = []
-    for line in program.lines:
-        if isinstance(line, ExternKernel) and line.op == "aten::convolution.default":
-            t = types[line.args[0].name]
-            probe = torch.empty_strided([int(s) for s in t.sizes], [int(s) for s in t.strides], device="meta")
-            found.append(probe.is_contiguous(memory_format=torch.channels_last) and not probe.is_contiguous())
-    return found
+    return [torch.empty_strided([int(s) for s in t.sizes], [int(s) for s in t.strides], device="meta")
+            for t in (types[line.args[0].name] for line in program.lines
+                      if isinstance(line, ExternKernel) and line.op == op)]
+
+
+def _conv_layouts(program) -> list[bool]:
+    """Per library convolution, in order: whether it reads a channels-last input."""
+    return [probe.is_contiguous(memory_format=torch.channels_last) and not probe.is_contiguous()
+            for probe in _first_inputs(program, "aten::convolution.default")]
 
 
 @pytest.mark.parametrize("target", ["python", "cpp"])
@@ -275,15 +277,7 @@ class PoolFormer(nn.Module):
 
 
 def _group_norm_inputs_contiguous(program) -> list[bool]:
-    types = {name: t for line in program.lines for name, t in line.defined_types().items()}
-    types.update({i.name: i.type for i in program.inputs})
-    contiguous = []
-    for line in program.lines:
-        if isinstance(line, ExternKernel) and line.op == "aten::native_group_norm.default":
-            t = types[line.args[0].name]
-            probe = torch.empty_strided([int(s) for s in t.sizes], [int(s) for s in t.strides], device="meta")
-            contiguous.append(probe.is_contiguous())
-    return contiguous
+    return [probe.is_contiguous() for probe in _first_inputs(program, "aten::native_group_norm.default")]
 
 
 @pytest.mark.parametrize("target", TARGETS)

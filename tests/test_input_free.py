@@ -8,6 +8,8 @@ import torch
 from torch import nn
 
 import wrapgen
+import wrapgen.dynamo
+from benchmarks.suite.run import recorded_programs
 from wrapgen.lowering.graph_passes import input_free
 from wrapgen.wrapper_ir.lines import ExternKernel, KernelDefinition
 
@@ -153,20 +155,13 @@ def test_a_value_an_in_place_update_writes_later_is_not_folded_from_before_it():
     assert input_free._written_later(mul, input_free_nodes)
 
 
-def test_the_dynamo_entry_folds_an_index_built_with_scalar_writes(monkeypatch):
+def test_the_dynamo_entry_folds_an_index_built_with_scalar_writes():
     """Through torch.compile, `index[0, 0:] = value` writes a tensor attribute dynamo made of the
     Python number (`_tensor_constant<N>`): a value of known content, so the index still folds."""
-    import wrapgen.api
-    import wrapgen.dynamo
-
     wrapgen.dynamo.ensure_registered()
-    programs = []
-    start_emit = wrapgen.api._start_emit
-    monkeypatch.setattr(wrapgen.api, "_start_emit", lambda program, target: programs.append(program)
-                        or start_emit(program, target))
     model = RelativeBias()
     compiled = torch.compile(model, backend="wrapgen")
-    with torch.no_grad():
+    with torch.no_grad(), recorded_programs() as programs:
         for _ in range(2):
             scores = _scores()
             torch.testing.assert_close(compiled(scores), model(scores))
@@ -179,20 +174,13 @@ def test_the_dynamo_entry_folds_an_index_built_with_scalar_writes(monkeypatch):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_the_dynamo_entry_makes_a_cpu_index_of_a_cuda_table_a_cuda_constant(monkeypatch):
+def test_the_dynamo_entry_makes_a_cpu_index_of_a_cuda_table_a_cuda_constant():
     """BEiT through torch.compile: the CPU index, built with scalar writes, is a CUDA constant, so
     no call rebuilds it on the CPU and copies it over."""
-    import wrapgen.api
-    import wrapgen.dynamo
-
     wrapgen.dynamo.ensure_registered()
-    programs = []
-    start_emit = wrapgen.api._start_emit
-    monkeypatch.setattr(wrapgen.api, "_start_emit", lambda program, target: programs.append(program)
-                        or start_emit(program, target))
     model = RelativeBias().cuda()
     compiled = torch.compile(model, backend="wrapgen")
-    with torch.no_grad():
+    with torch.no_grad(), recorded_programs() as programs:
         scores = _scores().cuda()
         torch.testing.assert_close(compiled(scores), model(scores))
     (program,) = programs

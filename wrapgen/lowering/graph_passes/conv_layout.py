@@ -244,11 +244,7 @@ class _Rewriter:
         kwargs = torch.fx.map_arg(node.kwargs, lambda n: self.env[n])
         if node in self.convs:
             args = (self._to_channels_last(args[0]), self._to_channels_last(args[1]), *args[2:])
-        elif node in self.nchw_convs and isinstance(args[0], torch.fx.Node) and args[0] in self.changed:
-            args = (self._restore(args[0]), *args[1:])
-        elif self._is_layout_dependent_view(node) and isinstance(args[0], torch.fx.Node) and args[0] in self.changed:
-            args = (self._restore(args[0]), *args[1:])
-        elif self._needs_contiguous_input(node) and isinstance(args[0], torch.fx.Node) and args[0] in self.changed:
+        elif isinstance(args[0], torch.fx.Node) and args[0] in self.changed and self._reads_traced_layout(node):
             args = (self._restore(args[0]), *args[1:])
         new = self._copy(node, args, kwargs)
         if not any(n in self.changed for n in new.all_input_nodes):
@@ -351,8 +347,12 @@ class _Rewriter:
         op = node.target
         return isinstance(op, torch._ops.OpOverload) and (op.is_view or op._schema.name == "aten::_unsafe_view")
 
-    @staticmethod
-    def _needs_contiguous_input(node: torch.fx.Node) -> bool:
+    def _reads_traced_layout(self, node: torch.fx.Node) -> bool:
+        """Whether `node` must read its first input at the layout traced for it: a convolution kept
+        NCHW, a view whose meaning depends on strides, or a library op that takes only contiguous
+        input on the device (CONTIGUOUS_INPUT_OPS)."""
+        if node in self.nchw_convs or self._is_layout_dependent_view(node):
+            return True
         devices = CONTIGUOUS_INPUT_OPS.get(node.target)
         value = node.args[0].meta.get("val") if devices and isinstance(node.args[0], torch.fx.Node) else None
         return isinstance(value, torch.Tensor) and value.device.type in devices  # type: ignore[operator]
