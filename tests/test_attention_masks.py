@@ -72,3 +72,35 @@ def test_dynamic_sizes():
         q, k, v = (torch.randn(3, 2, n, 8) for _ in range(3))
         args = [q, k, v, torch.tensor([n, 5, 2])]
         torch.testing.assert_close(compiled(*args), two_layers_sharing_a_mask(*args))
+
+
+def attention_with_a_permuted_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """A relative-position bias computed as (batch, query, key, head) and permuted to SDPA's
+    (batch, head, query, key), as T5's is: its key dimension is strided."""
+    bias = (table[None] * 2).permute(0, 3, 1, 2)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias) + F.scaled_dot_product_attention(k, q, v, attn_mask=bias)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_mask_with_strided_keys_reaches_attention_contiguous(target):
+    """Strided keys rule out SDPA's fused backends: the kernel computing the mask writes it contiguous."""
+    q, k, v = (torch.randn(1, 3, 16, 8) for _ in range(3))
+    table = torch.randn(16, 16, 3)
+    program = wrapgen.lower(attention_with_a_permuted_bias, (q, k, v, table))
+    attention = [line for line in program.lines if isinstance(line, ExternKernel) and "scaled_dot_product" in line.op]
+    masks = {line.args[3].name for line in attention}
+    assert len(attention) == 2 and len(masks) == 1
+    assert f"{masks.pop()} = allocate f32[1, 3, 16, 16] strides [768, 256, 16, 1]" in str(program)
+    compiled = wrapgen.compile(attention_with_a_permuted_bias, (q, k, v, table), target=target)
+    fresh = (*(torch.randn(1, 3, 16, 8) for _ in range(3)), torch.randn(16, 16, 3))
+    torch.testing.assert_close(compiled(*fresh), attention_with_a_permuted_bias(*fresh))
+
+
+def test_a_broadcast_mask_is_not_copied_to_full_size():
+    q, k, v = (torch.randn(2, 3, 16, 8) for _ in range(3))
+
+    def fn(q, k, v, bias):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.t().expand(2, 3, 16, 16))
+
+    captured = capture(fn, [q, k, v, torch.randn(16, 16)], False)
+    assert float_attention_masks(captured) is captured

@@ -1,11 +1,16 @@
-"""Boolean attention masks as additive float masks, made once per mask by a generated kernel.
+"""Attention masks in the form SDPA's fused backends take, made once per mask by a generated kernel.
 
 Given a boolean `attn_mask`, `scaled_dot_product_attention` converts it on every call
 (`zeros_like(mask, dtype=q.dtype).masked_fill_(~mask, -inf)`: two full-size passes inside
 the library call, for every layer that shares the mask). Rewriting the graph to pass that
 float mask instead makes the conversion an ordinary pointwise op: it fuses with the kernel
 that builds the mask (causal and padding masks are comparisons and `&`s) and runs once for
-all layers. The values SDPA sees are the same, so results are too.
+all layers.
+
+A mask whose last dimension is not unit-stride (T5's relative position bias, permuted from
+(batch, query, key, head)) rules out every fused backend: SDPA runs its math backend, a dozen
+library kernels per call in float32. Such a mask is passed as a contiguous copy, which the kernel
+that computes the mask writes directly. The values SDPA sees are the same either way.
 """
 
 from __future__ import annotations
@@ -35,7 +40,26 @@ def _mask_of(node: torch.fx.Node) -> tuple[torch.fx.Node | None, int | None]:
     if not isinstance(mask, torch.fx.Node):
         return None, None
     value = mask.meta.get("val")
-    return (mask, position) if isinstance(value, torch.Tensor) and value.dtype == torch.bool else (None, None)
+    rewritten = isinstance(value, torch.Tensor) and (value.dtype == torch.bool or _strided_keys(value))
+    return (mask, position) if rewritten else (None, None)
+
+
+def _strided_keys(value: torch.Tensor) -> bool:
+    """A mask whose key dimension is not unit-stride, and which a contiguous copy would not make
+    larger (no broadcast dimension: an expanded mask is left as it is)."""
+    strides = value.stride()
+    if value.dim() == 0 or not all(isinstance(s, int) for s in (*strides, *value.shape)):
+        return False
+    return value.shape[-1] != 1 and strides[-1] != 1 and all(s != 0 or n == 1 for s, n in zip(strides, value.shape))
+
+
+def _contiguous(graph: torch.fx.Graph, mask: torch.fx.Node) -> torch.fx.Node:
+    value = mask.meta["val"]
+    with graph.inserting_after(mask):
+        copy = graph.call_function(aten.clone.default, (mask,), {"memory_format": torch.contiguous_format})
+    with detect_fake_mode([value]) or torch._subclasses.FakeTensorMode():
+        copy.meta["val"] = aten.clone.default(value, memory_format=torch.contiguous_format)
+    return copy
 
 
 def _float_mask(graph: torch.fx.Graph, mask: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
@@ -55,8 +79,9 @@ def _float_mask(graph: torch.fx.Graph, mask: torch.fx.Node, dtype: torch.dtype) 
 
 
 def float_attention_masks(captured: CapturedGraph) -> CapturedGraph:
-    """`captured` with every boolean SDPA mask replaced by its additive float form (on a copy
-    of the graph: the caller's graph module is never changed), or `captured` itself."""
+    """`captured` with every boolean SDPA mask replaced by its additive float form and every mask
+    with strided keys by a contiguous copy (on a copy of the graph: the caller's graph module is
+    never changed), or `captured` itself."""
     gm = captured.graph_module
     if not any(n.op == "call_function" and n.target in _MASK_POSITION and _mask_of(n)[0] is not None for n in gm.graph.nodes):
         return captured
@@ -73,7 +98,8 @@ def float_attention_masks(captured: CapturedGraph) -> CapturedGraph:
         dtype = node.args[0].meta["val"].dtype  # the query's
         key = (mask, dtype)
         if key not in converted:
-            converted[key] = _float_mask(graph, mask, dtype)
+            new = _float_mask(graph, mask, dtype) if mask.meta["val"].dtype == torch.bool else mask
+            converted[key] = _contiguous(graph, new) if _strided_keys(new.meta["val"]) else new
         if "attn_mask" in node.kwargs:
             node.kwargs = {**node.kwargs, "attn_mask": converted[key]}
         else:

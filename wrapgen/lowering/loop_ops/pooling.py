@@ -1,7 +1,11 @@
-"""Max pooling as a window reduction: each output element is the max over its kernel window
-(positions in the padding count as -inf), so the pool fuses with its producer (ResNet's stem
-ReLU) instead of being a library call. Only the values are lowered: where the indices output
-is read (a backward pass's max_pool2d_with_indices_backward), the op stays a library call."""
+"""Pooling as a window reduction, so a pool fuses with its producer (ResNet's stem ReLU,
+PoolFormer's group norm) and consumer instead of being a library call.
+
+Max pooling takes the max over each kernel window (positions in the padding count as -inf).
+Only its values are lowered: where the indices output is read (a backward pass's
+max_pool2d_with_indices_backward), the op stays a library call. Average pooling sums the window
+(padding counts as 0) and divides by the count ATen divides by: the window clipped to the padded
+input (`count_include_pad`), or to the input, or `divisor_override`."""
 
 from __future__ import annotations
 
@@ -72,3 +76,57 @@ def _max_pool2d(ctx: LoopContext, node: torch.fx.Node) -> tuple[LoopValue, LoopV
     # never read (the check keeps readers of the indices on the library call)
     unused = LoopValue(ctx.shape(indices.shape), zero(indices.dtype), indices.dtype)
     return pooled, unused
+
+
+def _avg_pool_check(node: torch.fx.Node) -> bool:
+    source = fake(node.args[0])
+    if not isinstance(source, torch.Tensor) or source.dim() not in (3, 4) or not source.dtype.is_floating_point:
+        return False
+    kernel = _pair(arg(node, 1, "kernel_size"))
+    params = (kernel, _pair(arg(node, 2, "stride"), kernel), _pair(arg(node, 3, "padding", 0)))
+    divisor = arg(node, 6, "divisor_override")
+    return (all(p is not None for p in params) and not any(isinstance(s, torch.SymInt) for s in source.shape[-2:])
+            and (divisor is None or (isinstance(divisor, int) and divisor != 0)))
+
+
+@register("aten::avg_pool2d.default", check=_avg_pool_check)
+def _avg_pool2d(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    """out[.., i, j] = sum over the window of x (0 in the padding) / the divisor ATen uses: with
+    start = i*s - p and end = min(start + k, size + p), the padded window's area (end - start) when
+    `count_include_pad`, else the area of the window clipped to the input."""
+    source = ctx.value(node.args[0])
+    out = out_fake(node)
+    kernel = _pair(arg(node, 1, "kernel_size"))
+    stride = _pair(arg(node, 2, "stride"), kernel)
+    padding = _pair(arg(node, 3, "padding", 0))
+    include_pad = bool(arg(node, 5, "count_include_pad", True))
+    divisor_override = arg(node, 6, "divisor_override")
+    lead = len(source.sizes) - 2
+    out_sizes = ctx.shape(out.shape)
+    sizes = (*out_sizes, sympy.Integer(kernel[0]), sympy.Integer(kernel[1]))  # type: ignore[index]
+    xs = row_vars(len(sizes))
+    dtype = compute_dtype(source.dtype)
+    inside: Body | None = None
+    position = []
+    padded_area: sympy.Expr = sympy.Integer(1)
+    clipped_area: sympy.Expr = sympy.Integer(1)
+    for axis in range(2):
+        start = xs[lead + axis] * stride[axis] - padding[axis]  # type: ignore[index]
+        at = start + xs[lead + 2 + axis]
+        length = source.sizes[lead + axis]
+        end = sympy.Min(start + kernel[axis], length + padding[axis])  # type: ignore[index]
+        padded_area *= end - start
+        clipped_area *= sympy.Min(end, length) - sympy.Max(start, 0)
+        position.append(sympy.Max(0, sympy.Min(at, length - 1)))
+        for condition in (Apply("ge", (_index(at), _index(0)), torch.bool), Apply("lt", (_index(at), _index(length)), torch.bool)):
+            inside = condition if inside is None else Apply("and", (inside, condition), torch.bool)
+    read = cast(source.at((*xs[:lead], *position)), dtype)
+    body = Apply("where", (inside, read, Const(0.0, dtype)), dtype)  # type: ignore[arg-type]
+    # the sum is kept in the compute dtype: eager divides before it rounds a half result
+    total = ctx.reduce(LoopValue(sizes, body, dtype), (len(sizes) - 2, len(sizes) - 1), False, "sum", dtype, "avg_pool2d")
+    if divisor_override is not None:
+        divisor: sympy.Expr = sympy.Integer(int(divisor_override))  # type: ignore[arg-type]
+    else:
+        divisor = padded_area if include_pad else clipped_area
+    quotient = Apply("div", (cast(total.body, dtype), cast(_index(divisor), dtype)), dtype)
+    return LoopValue(total.sizes, quotient, out.dtype)

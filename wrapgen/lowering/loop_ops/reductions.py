@@ -126,16 +126,28 @@ def _any(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     return LoopValue(result.sizes, cast(result.body, out.dtype), out.dtype)
 
 
-def _two_pass_variance(ctx: LoopContext, value: LoopValue, dims: tuple[int, ...], count: sympy.Expr, origin: str) -> tuple[LoopValue, LoopValue]:
-    """(mean, sum of squared deviations), both with keepdim=True, computed in compute_dtype."""
+def two_pass_variance(ctx: LoopContext, value: LoopValue, dims: tuple[int, ...], count: sympy.Expr, origin: str,
+                      split: int | None = None) -> tuple[LoopValue, LoopValue]:
+    """(mean, sum of squared deviations), both with keepdim=True, computed in compute_dtype.
+    `split` (one of `dims`): each sum in two stages, every other dimension of `dims` first."""
     dtype, compute = value.dtype, compute_dtype(value.dtype)
     x = cast(value.body, compute)
-    total = ctx.reduce(LoopValue(value.sizes, x, dtype), dims, True, "sum", dtype, origin)
+    total = _sum(ctx, LoopValue(value.sizes, x, dtype), dims, split, origin)
     n = cast(IndexValue(count, torch.int64), compute)
     mean = LoopValue(total.sizes, Apply("div", (total.body, n), compute), dtype)
     deviation = Apply("sub", (x, broadcast(mean, value.sizes)), compute)
     squares = LoopValue(value.sizes, Apply("mul", (deviation, deviation), compute), dtype)
-    return mean, ctx.reduce(squares, dims, True, "sum", dtype, origin)
+    return mean, _sum(ctx, squares, dims, split, origin)
+
+
+def _sum(ctx: LoopContext, value: LoopValue, dims: tuple[int, ...], split: int | None, origin: str) -> LoopValue:
+    if split is None:
+        return ctx.reduce(value, dims, True, "sum", value.dtype, origin)
+    compute = compute_dtype(value.dtype)  # the partial sums are kept unrounded
+    partial = ctx.reduce(LoopValue(value.sizes, value.body, compute), tuple(d for d in dims if d != split), True,
+                         "sum", compute, origin)
+    total = ctx.reduce(partial, (split,), True, "sum", compute, origin)
+    return LoopValue(total.sizes, total.body, value.dtype)
 
 
 def _var_check(node: torch.fx.Node) -> bool:
@@ -167,7 +179,7 @@ def _var_and_mean(ctx: LoopContext, node: torch.fx.Node, dtype: torch.dtype) -> 
     correction = 1 if correction is None else correction
     count = _count(ctx, node, dims)
     value = ctx.value(node.args[0])
-    mean, squares = _two_pass_variance(ctx, value, dims, count, "var")
+    mean, squares = two_pass_variance(ctx, value, dims, count, "var")
     compute = compute_dtype(dtype)
     denominator = Apply("sub", (cast(IndexValue(count, torch.int64), compute), Const(float(correction), compute)), compute)
     denominator = Apply("clamp_min", (denominator, Const(0.0, compute)), compute)
@@ -231,7 +243,7 @@ def _layer_norm(ctx: LoopContext, node: torch.fx.Node) -> tuple[LoopValue, LoopV
     dims = tuple(range(rank - normalized, rank))
     dtype = compute_dtype(value.dtype)
     count = sympy.Mul(*[value.sizes[d] for d in dims])
-    mean, squares = _two_pass_variance(ctx, value, dims, count, "layer_norm")
+    mean, squares = two_pass_variance(ctx, value, dims, count, "layer_norm")
     n = cast(IndexValue(count, torch.int64), dtype)
     var = Apply("div", (squares.body, n), dtype)
     rstd = Apply("rsqrt", (Apply("add", (var, Const(float(node.args[4]), dtype)), dtype),), dtype)
