@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import wrapgen
 from wrapgen.lowering.capture import capture
-from wrapgen.lowering.graph_passes.attention_masks import float_attention_masks
+from wrapgen.lowering.graph_passes.attention_masks import contiguous_traced_masks, float_attention_masks
 from wrapgen.wrapper_ir import ExternKernel
 
 TARGETS = ("python", "cpp", "fx")
@@ -104,3 +104,26 @@ def test_a_broadcast_mask_is_not_copied_to_full_size():
 
     captured = capture(fn, [q, k, v, torch.randn(16, 16)], False)
     assert float_attention_masks(captured) is captured
+
+
+def test_dynamos_graph_passes_a_mask_with_strided_keys_contiguous():
+    """Under torch.compile the copy is made in dynamo's graph, before aot_autograd traces the call
+    and torch picks its backend (on CUDA the fused ones refuse strided keys)."""
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    q, k, v = (torch.randn(1, 3, 16, 8) for _ in range(3))
+    table = torch.randn(16, 16, 3)
+    torch._dynamo.reset()
+    torch.compile(attention_with_a_permuted_bias, backend=keep)(q, k, v, table)
+    gm = graphs[0]
+    assert contiguous_traced_masks(gm)
+    copies = [n for n in gm.graph.nodes if n.op == "call_method" and n.target == "contiguous"]
+    assert len(copies) == 1 and copies[0].meta["example_value"].stride() == (768, 256, 16, 1)
+    assert not contiguous_traced_masks(gm)  # nothing left to copy
+    torch._dynamo.reset()
+    compiled = torch.compile(attention_with_a_permuted_bias, backend="wrapgen")
+    torch.testing.assert_close(compiled(q, k, v, table), attention_with_a_permuted_bias(q, k, v, table))

@@ -30,7 +30,8 @@ def test_the_passes_in_order():
         ("dead_code", ()),
     ]
     assert [(p.name, p.options) for p in TRACED_PASSES] == [("traced_masks", ("constant_masks",)),
-                                                            ("traced_attention_broadcast", ())]
+                                                            ("traced_attention_broadcast", ()),
+                                                            ("traced_attention_masks", ())]
 
 
 def test_a_pass_runs_only_with_all_its_options_on():

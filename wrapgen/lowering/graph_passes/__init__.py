@@ -18,7 +18,7 @@ from wrapgen.lowering.capture import CapturedGraph
 from wrapgen.lowering.graph_passes.accumulate_into_add import accumulate_into_add
 from wrapgen.lowering.graph_passes.addmm_bias import bias_into_readers
 from wrapgen.lowering.graph_passes.attention_broadcast import expand_broadcast_attention, expand_traced_attention
-from wrapgen.lowering.graph_passes.attention_masks import float_attention_masks
+from wrapgen.lowering.graph_passes.attention_masks import contiguous_traced_masks, float_attention_masks
 from wrapgen.lowering.graph_passes.broadcast_bmm import fold_broadcast_bmm
 from wrapgen.lowering.graph_passes.common_subexpressions import eliminate_common_subexpressions
 from wrapgen.lowering.graph_passes.constant_masks import drop_constant_masks
@@ -57,6 +57,11 @@ def _drop_traced_masks(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 def _expand_traced_attention(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     expand_traced_attention(gm)  # in place
+    return gm
+
+
+def _contiguous_traced_masks(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    contiguous_traced_masks(gm)  # in place
     return gm
 
 
@@ -102,6 +107,8 @@ TRACED_PASSES: tuple[GraphPass, ...] = (
     GraphPass("traced_masks", ("constant_masks",), _drop_traced_masks),
     # broadcast keys/values expanded before torch picks the attention backend while tracing
     GraphPass("traced_attention_broadcast", (), _expand_traced_attention),
+    # masks with strided keys made contiguous before torch picks the attention backend
+    GraphPass("traced_attention_masks", (), _contiguous_traced_masks),
 )
 
 __all__ = ["ATEN_PASSES", "TRACED_PASSES", "GraphPass", "run_passes"]

@@ -10,7 +10,9 @@ all layers.
 A mask whose last dimension is not unit-stride (T5's relative position bias, permuted from
 (batch, query, key, head)) rules out every fused backend: SDPA runs its math backend, a dozen
 library kernels per call in float32. Such a mask is passed as a contiguous copy, which the kernel
-that computes the mask writes directly. The values SDPA sees are the same either way.
+that computes the mask writes directly. The values SDPA sees are the same either way. Under
+`torch.compile` the copy goes into dynamo's graph (`contiguous_traced_masks`), before aot_autograd
+traces the call and torch picks its backend (and decomposes a math call into matmuls).
 """
 
 from __future__ import annotations
@@ -106,3 +108,32 @@ def float_attention_masks(captured: CapturedGraph) -> CapturedGraph:
             node.args = (*node.args[:position], converted[key], *node.args[position + 1:])  # type: ignore[misc]
     graph.lint()
     return with_graph(captured, graph)
+
+
+_TRACED_ATTENTION = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
+
+
+def contiguous_traced_masks(gm: torch.fx.GraphModule) -> bool:
+    """Dynamo's graph with each SDPA mask whose keys are strided passed through `.contiguous()`
+    (rewritten in place); True when a call changed."""
+    copies: dict[torch.fx.Node, torch.fx.Node] = {}  # one copy of a mask for every call reading it
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _TRACED_ATTENTION:
+            continue
+        in_kwargs = "attn_mask" in node.kwargs
+        mask = node.kwargs["attn_mask"] if in_kwargs else (node.args[3] if len(node.args) > 3 else None)
+        value = mask.meta.get("example_value") if isinstance(mask, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor) or not _strided_keys(value):
+            continue
+        if mask not in copies:
+            with gm.graph.inserting_after(mask):
+                copies[mask] = gm.graph.call_method("contiguous", (mask,))
+            copies[mask].meta["example_value"] = value.contiguous()  # computed in the value's own fake mode
+        if in_kwargs:
+            node.kwargs = {**node.kwargs, "attn_mask": copies[mask]}
+        else:
+            node.args = (*node.args[:3], copies[mask], *node.args[4:])
+    if copies:
+        gm.graph.lint()
+        gm.recompile()
+    return bool(copies)
