@@ -354,7 +354,7 @@ class KernelGraphLowering(GraphLowering):
         self.lines.append(Allocate(name, TensorType(stored, self.device, rows, strides)))
         store = _linear(row_vars(len(rows)), loop_strides)
         # arg reductions keep the best value so far (in its compute dtype) beside its index
-        acc = compute_dtype(value.body.dtype) if kind in ("argmax", "argmin") else accumulator_dtype(kind, dtype)
+        acc = compute_dtype(value.body.dtype) if kind in ("argmax", "argmin") else accumulator_dtype(kind, dtype, origin)
         node = ComputeNode(name, stored, loop_rows, value.at(index), store, kind, reduced, sizes, index, acc, origin)
         self._add_compute(node)
         out_sizes = tuple(sympy.Integer(1) if d in dims else s for d, s in enumerate(sizes)) if keepdim else rows
@@ -578,12 +578,14 @@ def kernel_language(device: torch.device) -> str | None:
     return None
 
 
-def accumulator_dtype(kind: str, dtype: torch.dtype) -> torch.dtype:
+def accumulator_dtype(kind: str, dtype: torch.dtype, origin: str = "") -> torch.dtype:
     """Sums and products of float32/64 accumulate in double (matches eager to float tolerance),
     of half dtypes in float32 (as eager and Inductor do: far below a half result's rounding);
-    integer sums in int64; max/min/any/all in the value's own (compute) type."""
+    integer sums in int64; max/min/any/all in the value's own (compute) type. A small matrix
+    product's dot products (origin "mm", at most 64 terms) accumulate in float32, as BLAS does:
+    in double a C++ kernel's vectors hold half the lanes and convert every product."""
     if kind in ("sum", "prod"):
-        if dtype in HALF_DTYPES:
+        if dtype in HALF_DTYPES or (origin == "mm" and dtype == torch.float32):
             return torch.float32
         return torch.float64 if dtype.is_floating_point else torch.int64
     return compute_dtype(dtype)

@@ -7,7 +7,8 @@ Layout of the generated function:
       { accumulators; simd loop over r0..: inner statements, accumulate; finalize }
       ...                                              one such block per reduction segment
 
-Reductions of float data accumulate in double (see `accumulator_dtype`); max/min carry a
+Reductions of float data accumulate in double (see `accumulator_dtype`; a small matrix product's
+dot products in float32, as BLAS's); max/min carry a
 separate NaN flag so they propagate NaN like eager yet still vectorize.
 
 bfloat16 / float16 buffers are uint16_t; every value of a half dtype is a float local (loads
