@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import wrapgen
+from wrapgen.lowering.loop_ops.matmul import SMALL_MATMUL_K
 from benchmarks.workloads import WORKLOADS
 from wrapgen.kernels.cpp import build
 from wrapgen.wrapper_ir.lines import ExternKernel, KernelCall, KernelDefinition
@@ -87,8 +88,8 @@ def test_small_matmul_is_a_reduction_fused_with_its_epilogue() -> None:
     # an operand computed by pointwise work is computed once, not once per read
     compiled = check(lambda x: torch.exp(x) @ w, torch.randn(4, 8), rtol=1e-4, atol=1e-5)
     assert len(kernel_calls(compiled.program)) == 2
-    long_k = torch.randn(65, 4)
-    assert externs(check(lambda x: x @ long_k, torch.randn(2, 65), rtol=1e-4, atol=1e-5).program) == ["aten::mm.out"]
+    long_k = torch.randn(SMALL_MATMUL_K + 1, 4)
+    assert externs(check(lambda x: x @ long_k, torch.randn(2, SMALL_MATMUL_K + 1), rtol=1e-4, atol=1e-5).program) == ["aten::mm.out"]
     big = torch.randn(64, 64)
     assert externs(check(lambda x: x @ big, torch.randn(64, 64), rtol=1e-4, atol=1e-4).program) == ["aten::mm.out"]
     assert externs(check(lambda x: x @ w, torch.randn(4, 8), dynamic=True, rtol=1e-4, atol=1e-5).program) == ["aten::mm.out"]

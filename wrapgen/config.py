@@ -69,7 +69,7 @@ OPTIONS: dict[str, Option] = {
             32768,
             "WRAPGEN_MATMUL_KERNEL_LIMIT",
             "matrix products (mm, addmm) of static sizes with at most this many multiply-adds and a reduced "
-            "length of at most 64 become generated kernels fused with the work around them; 0: always library calls",
+            "length of at most 256 become generated kernels fused with the work around them; 0: always library calls",
         ),
         Option(
             "memory_planning",

@@ -582,7 +582,7 @@ def accumulator_dtype(kind: str, dtype: torch.dtype, origin: str = "") -> torch.
     """Sums and products of float32/64 accumulate in double (matches eager to float tolerance),
     of half dtypes in float32 (as eager and Inductor do: far below a half result's rounding);
     integer sums in int64; max/min/any/all in the value's own (compute) type. A small matrix
-    product's dot products (origin "mm", at most 64 terms) accumulate in float32, as BLAS does:
+    product's dot products (origin "mm", at most 256 terms) accumulate in float32, as BLAS does:
     in double a C++ kernel's vectors hold half the lanes and convert every product."""
     if kind in ("sum", "prod"):
         if dtype in HALF_DTYPES or (origin == "mm" and dtype == torch.float32):

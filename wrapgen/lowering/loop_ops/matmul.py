@@ -14,7 +14,7 @@ from wrapgen.lowering.loop_ops.common import LoopContext, arg, cast, fake, op_ke
 # length at most SMALL_MATMUL_K) costs less as a generated reduction than as a library launch,
 # and the pointwise work around it fuses into the same kernel: a chain of tiny layers becomes
 # one kernel per layer.
-SMALL_MATMUL_K = 64
+SMALL_MATMUL_K = 256
 
 
 def _static_shape(t: object) -> tuple[int, ...] | None:
