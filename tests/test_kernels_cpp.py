@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import wrapgen
-from wrapgen.lowering.loop_ops.matmul import SMALL_MATMUL_K
 from benchmarks.workloads import WORKLOADS
 from wrapgen.kernels.cpp import build
+from wrapgen.lowering.loop_ops.matmul import SMALL_MATMUL_K
 from wrapgen.wrapper_ir.lines import ExternKernel, KernelCall, KernelDefinition
 
 
