@@ -160,3 +160,22 @@ def test_cuda_group_norm_after_channels_last_convolutions_is_generated(dtype):
         tolerance = {"atol": 5e-2, "rtol": 5e-2} if dtype == torch.bfloat16 else {"atol": 1e-4, "rtol": 1e-4}
         for target in ("python", "cpp"):
             torch.testing.assert_close(wrapgen.compile(model, (x,), target=target)(x), model(x), **tolerance)
+
+
+@pytest.mark.usefixtures("group_norm_on_cpu")
+def test_group_norm_with_a_dynamic_batch():
+    """A symbolic batch (symbolic strides too): one-stage sums, the reduced dimensions in logical order."""
+    from benchmarks.suite.run import recorded_programs
+
+    module = _group_norm(2, 8)
+    x = torch.randn(2, 8, 6, 5)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend="wrapgen")
+    with torch.no_grad(), recorded_programs() as programs:
+        torch.testing.assert_close(compiled(x), module(x))
+    assert [_library_ops(p) for p in programs] == [[]]
+    for batch in (3, 5):
+        x = torch.randn(batch, 8, 6, 5) * 2 + 1
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), module(x))

@@ -145,7 +145,7 @@ def _read_strides(source: torch.fx.Node) -> tuple[int, ...]:
     while source.target is torch.ops.aten.clone.default and isinstance(source.args[0], torch.fx.Node):
         source = source.args[0]
     value = fake(source)
-    try:
-        return tuple(int(s) for s in value.stride())  # type: ignore[union-attr]
-    except TypeError:  # symbolic strides: logical order
-        return tuple(range(value.dim(), 0, -1))  # type: ignore[union-attr]
+    strides = value.stride()  # type: ignore[union-attr]
+    if all(isinstance(s, int) for s in strides):
+        return tuple(strides)
+    return tuple(range(len(strides), 0, -1))  # symbolic strides (never guarded on): the logical order
