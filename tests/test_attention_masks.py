@@ -127,3 +127,20 @@ def test_dynamos_graph_passes_a_mask_with_strided_keys_contiguous():
     torch._dynamo.reset()
     compiled = torch.compile(attention_with_a_permuted_bias, backend="wrapgen")
     torch.testing.assert_close(compiled(q, k, v, table), attention_with_a_permuted_bias(q, k, v, table))
+
+
+@pytest.mark.parametrize("entry", ["compile", "dynamo"])
+def test_a_strided_mask_that_is_an_input(entry):
+    """The copy goes before the attention call, not among the graph's placeholders."""
+
+    def fn(q, k, v, bias, scale):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias) * scale
+
+    q, k, v = (torch.randn(1, 3, 16, 8) for _ in range(3))
+    bias, scale = torch.randn(1, 16, 16, 3).permute(0, 3, 1, 2), torch.randn(8)
+    if entry == "compile":
+        compiled = wrapgen.compile(fn, (q, k, v, bias, scale))
+    else:
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="wrapgen")
+    torch.testing.assert_close(compiled(q, k, v, bias, scale), fn(q, k, v, bias, scale))

@@ -55,9 +55,11 @@ def _strided_keys(value: torch.Tensor) -> bool:
     return value.shape[-1] != 1 and strides[-1] != 1 and all(s != 0 or n == 1 for s, n in zip(strides, value.shape))
 
 
-def _contiguous(graph: torch.fx.Graph, mask: torch.fx.Node) -> torch.fx.Node:
+def _contiguous(graph: torch.fx.Graph, mask: torch.fx.Node, before: torch.fx.Node) -> torch.fx.Node:
+    """A contiguous copy of `mask`, placed before its first reader `before` (not after the mask,
+    which may be one of the graph's placeholders)."""
     value = mask.meta["val"]
-    with graph.inserting_after(mask):
+    with graph.inserting_before(before):
         copy = graph.call_function(aten.clone.default, (mask,), {"memory_format": torch.contiguous_format})
     with detect_fake_mode([value]) or torch._subclasses.FakeTensorMode():
         copy.meta["val"] = aten.clone.default(value, memory_format=torch.contiguous_format)
@@ -101,7 +103,7 @@ def float_attention_masks(captured: CapturedGraph) -> CapturedGraph:
         key = (mask, dtype)
         if key not in converted:
             new = _float_mask(graph, mask, dtype) if mask.meta["val"].dtype == torch.bool else mask
-            converted[key] = _contiguous(graph, new) if _strided_keys(new.meta["val"]) else new
+            converted[key] = _contiguous(graph, new, node) if _strided_keys(new.meta["val"]) else new
         if "attn_mask" in node.kwargs:
             node.kwargs = {**node.kwargs, "attn_mask": converted[key]}
         else:
@@ -125,8 +127,8 @@ def contiguous_traced_masks(gm: torch.fx.GraphModule) -> bool:
         value = mask.meta.get("example_value") if isinstance(mask, torch.fx.Node) else None
         if not isinstance(value, torch.Tensor) or not _strided_keys(value):
             continue
-        if mask not in copies:
-            with gm.graph.inserting_after(mask):
+        if mask not in copies:  # placed before its first reader: the mask may be a placeholder
+            with gm.graph.inserting_before(node):
                 copies[mask] = gm.graph.call_method("contiguous", (mask,))
             copies[mask].meta["example_value"] = value.contiguous()  # computed in the value's own fake mode
         if in_kwargs:
