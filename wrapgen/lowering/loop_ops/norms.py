@@ -121,7 +121,7 @@ def _group_norm(ctx: LoopContext, node: torch.fx.Node) -> tuple[LoopValue, LoopV
     return (LoopValue(sizes, out, source.dtype), *stats)  # type: ignore[return-value]
 
 
-# A group norm with fewer (sample, group) rows than this, each longer than SPLIT_ELEMENTS, sums in
+# A group norm with fewer (sample, group) rows than this, each of at least SPLIT_ELEMENTS, sums in
 # two stages: one reduction row per row and index of its outermost reduced dimension, then a short
 # one over that dimension. In one stage a GPU would run a handful of programs, each looping over
 # hundreds of thousands of elements (PoolFormer: 32 rows of 64 x 56 x 56).
