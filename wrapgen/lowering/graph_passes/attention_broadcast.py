@@ -25,7 +25,7 @@ from wrapgen.lowering.capture import CapturedGraph, rewrite_nodes
 aten = torch.ops.aten
 
 _ATEN_ATTENTION = (aten.scaled_dot_product_attention.default,)
-_TRACED_ATTENTION = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
+TRACED_ATTENTION = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
 
 
 def broadcast_sizes(query: object, other: object) -> list[int] | None:
@@ -90,7 +90,7 @@ def expand_broadcast_attention(captured: CapturedGraph) -> CapturedGraph:
 def expand_traced_attention(gm: torch.fx.GraphModule) -> bool:
     """Rewrite dynamo's graph in place; True when an attention call changed."""
     calls = [(node, found) for node in gm.graph.nodes
-             if (found := _broadcast_arguments(node, _TRACED_ATTENTION, "example_value")) is not None]
+             if (found := _broadcast_arguments(node, TRACED_ATTENTION, "example_value")) is not None]
     for node, found in calls:
         _expand_arguments(gm.graph, node, found, "example_value", aten_graph=False)
     if calls:

@@ -21,6 +21,7 @@ import torch
 from torch._guards import detect_fake_mode
 
 from wrapgen.lowering.capture import CapturedGraph, with_graph
+from wrapgen.lowering.graph_passes.attention_broadcast import TRACED_ATTENTION
 
 aten = torch.ops.aten
 
@@ -112,15 +113,13 @@ def float_attention_masks(captured: CapturedGraph) -> CapturedGraph:
     return with_graph(captured, graph)
 
 
-_TRACED_ATTENTION = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
-
 
 def contiguous_traced_masks(gm: torch.fx.GraphModule) -> bool:
     """Dynamo's graph with each SDPA mask whose keys are strided passed through `.contiguous()`
     (rewritten in place); True when a call changed."""
     copies: dict[torch.fx.Node, torch.fx.Node] = {}  # one copy of a mask for every call reading it
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in _TRACED_ATTENTION:
+        if node.op != "call_function" or node.target not in TRACED_ATTENTION:
             continue
         in_kwargs = "attn_mask" in node.kwargs
         mask = node.kwargs["attn_mask"] if in_kwargs else (node.args[3] if len(node.args) > 3 else None)

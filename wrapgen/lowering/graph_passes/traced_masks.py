@@ -16,9 +16,9 @@ import operator
 import torch
 import torch.fx
 
+from wrapgen.lowering.graph_passes.attention_broadcast import TRACED_ATTENTION
 from wrapgen.lowering.graph_passes.constant_masks import constant_kind, erase_evaluated, pure_closure
 
-_ATTENTION = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
 _PURE_FUNCTIONS = frozenset({
     torch.arange, torch.ones, torch.zeros, torch.full, torch.ones_like, torch.zeros_like, torch.full_like,
     torch.tril, torch.triu, torch.diff, torch.cumsum, torch.where, torch.cat, torch.stack, torch.broadcast_to,
@@ -58,7 +58,7 @@ def drop_traced_masks(gm: torch.fx.GraphModule) -> bool:
     values: dict[torch.fx.Node, torch.Tensor | None] = {}
     changed = False
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in _ATTENTION or len(node.args) < 3:
+        if node.op != "call_function" or node.target not in TRACED_ATTENTION or len(node.args) < 3:
             continue
         mask, causal = _mask_argument(node)
         if not isinstance(mask, torch.fx.Node) or causal:

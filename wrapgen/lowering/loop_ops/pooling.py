@@ -45,32 +45,34 @@ def _index(expr: sympy.Expr) -> Body:
     return IndexValue(sympy.sympify(expr), torch.int64)
 
 
-@register("aten::max_pool2d_with_indices.default", check=_pool_check)
-def _max_pool2d(ctx: LoopContext, node: torch.fx.Node) -> tuple[LoopValue, LoopValue]:
-    """out[.., i, j] = max over (a, b) of x[.., i*s - p + a*d, j*s - p + b*d], reading each
-    window position at an index clamped into the input (a padding position's read is
-    discarded for -inf), so no load leaves the buffer."""
-    source = ctx.value(node.args[0])
-    values, indices = out_fake(node)
-    kernel = _pair(arg(node, 1, "kernel_size"))
-    stride = _pair(arg(node, 2, "stride"), kernel)
-    padding = _pair(arg(node, 3, "padding", 0))
-    dilation = _pair(arg(node, 4, "dilation", 1))
+def _window(source: LoopValue, out_sizes: tuple, kernel: tuple[int, int], stride: tuple[int, int],
+            padding: tuple[int, int], dilation: tuple[int, int], fill: float) -> tuple[tuple, Body]:
+    """The (*out_sizes, kh, kw) window values: x[.., i*s - p + a*d, j*s - p + b*d], each read at an
+    index clamped into the input so no load leaves the buffer, and `fill` where it is padding."""
     lead = len(source.sizes) - 2
-    out_sizes = ctx.shape(values.shape)
-    sizes = (*out_sizes, sympy.Integer(kernel[0]), sympy.Integer(kernel[1]))  # type: ignore[index]
+    sizes = (*out_sizes, sympy.Integer(kernel[0]), sympy.Integer(kernel[1]))
     xs = row_vars(len(sizes))
     dtype = compute_dtype(source.dtype)
     inside: Body | None = None
     position = []
     for axis in range(2):
-        at = xs[lead + axis] * stride[axis] - padding[axis] + xs[lead + 2 + axis] * dilation[axis]  # type: ignore[index]
+        at = xs[lead + axis] * stride[axis] - padding[axis] + xs[lead + 2 + axis] * dilation[axis]
         length = source.sizes[lead + axis]
         position.append(sympy.Max(0, sympy.Min(at, length - 1)))
         for condition in (Apply("ge", (_index(at), _index(0)), torch.bool), Apply("lt", (_index(at), _index(length)), torch.bool)):
             inside = condition if inside is None else Apply("and", (inside, condition), torch.bool)
     read = cast(source.at((*xs[:lead], *position)), dtype)
-    body = Apply("where", (inside, read, Const(float("-inf"), dtype)), dtype)  # type: ignore[arg-type]
+    return sizes, Apply("where", (inside, read, Const(fill, dtype)), dtype)  # type: ignore[arg-type]
+
+
+@register("aten::max_pool2d_with_indices.default", check=_pool_check)
+def _max_pool2d(ctx: LoopContext, node: torch.fx.Node) -> tuple[LoopValue, LoopValue]:
+    """out[.., i, j] = max over the window (a padding position counts as -inf)."""
+    source = ctx.value(node.args[0])
+    values, indices = out_fake(node)
+    kernel = _pair(arg(node, 1, "kernel_size"))
+    sizes, body = _window(source, ctx.shape(values.shape), kernel, _pair(arg(node, 2, "stride"), kernel),  # type: ignore[arg-type]
+                          _pair(arg(node, 3, "padding", 0)), _pair(arg(node, 4, "dilation", 1)), float("-inf"))  # type: ignore[arg-type]
     window = LoopValue(sizes, body, source.dtype)
     pooled = ctx.reduce(window, (len(sizes) - 2, len(sizes) - 1), False, "max", values.dtype, "max_pool2d")
     # never read (the check keeps readers of the indices on the library call)
@@ -101,32 +103,19 @@ def _avg_pool2d(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     padding = _pair(arg(node, 3, "padding", 0))
     include_pad = bool(arg(node, 5, "count_include_pad", True))
     divisor_override = arg(node, 6, "divisor_override")
-    lead = len(source.sizes) - 2
-    out_sizes = ctx.shape(out.shape)
-    sizes = (*out_sizes, sympy.Integer(kernel[0]), sympy.Integer(kernel[1]))  # type: ignore[index]
-    xs = row_vars(len(sizes))
+    sizes, body = _window(source, ctx.shape(out.shape), kernel, stride, padding, (1, 1), 0.0)  # type: ignore[arg-type]
     dtype = compute_dtype(source.dtype)
-    inside: Body | None = None
-    position = []
-    padded_area: sympy.Expr = sympy.Integer(1)
-    clipped_area: sympy.Expr = sympy.Integer(1)
-    for axis in range(2):
-        start = xs[lead + axis] * stride[axis] - padding[axis]  # type: ignore[index]
-        at = start + xs[lead + 2 + axis]
-        length = source.sizes[lead + axis]
-        end = sympy.Min(start + kernel[axis], length + padding[axis])  # type: ignore[index]
-        padded_area *= end - start
-        clipped_area *= sympy.Min(end, length) - sympy.Max(start, 0)
-        position.append(sympy.Max(0, sympy.Min(at, length - 1)))
-        for condition in (Apply("ge", (_index(at), _index(0)), torch.bool), Apply("lt", (_index(at), _index(length)), torch.bool)):
-            inside = condition if inside is None else Apply("and", (inside, condition), torch.bool)
-    read = cast(source.at((*xs[:lead], *position)), dtype)
-    body = Apply("where", (inside, read, Const(0.0, dtype)), dtype)  # type: ignore[arg-type]
     # the sum is kept in the compute dtype: eager divides before it rounds a half result
     total = ctx.reduce(LoopValue(sizes, body, dtype), (len(sizes) - 2, len(sizes) - 1), False, "sum", dtype, "avg_pool2d")
     if divisor_override is not None:
         divisor: sympy.Expr = sympy.Integer(int(divisor_override))  # type: ignore[arg-type]
     else:
-        divisor = padded_area if include_pad else clipped_area
+        lead, xs = len(source.sizes) - 2, row_vars(len(sizes))
+        divisor = sympy.Integer(1)
+        for axis in range(2):
+            start = xs[lead + axis] * stride[axis] - padding[axis]  # type: ignore[index]
+            length = source.sizes[lead + axis]
+            end = sympy.Min(start + kernel[axis], length + padding[axis])  # type: ignore[index]
+            divisor *= (end - start) if include_pad else (sympy.Min(end, length) - sympy.Max(start, 0))
     quotient = Apply("div", (cast(total.body, dtype), cast(_index(divisor), dtype)), dtype)
     return LoopValue(total.sizes, quotient, out.dtype)
