@@ -44,7 +44,7 @@ def test_costly_epilogues_run_over_tiles_equal_to_eager(target: str, inputs: int
 
 
 def test_cheap_epilogues_and_dynamic_rows_keep_one_row_loop() -> None:
-    cheap = lambda x: x.sum(-1) * 2.0 + 1.0  # noqa: E731
+    cheap = lambda x: x.amax(-1) * 2.0 + 1.0  # noqa: E731  (a max: no lane tile either)
     compiled = wrapgen.compile(cheap, (torch.randn(4, 64, 32),), target="python")
     assert not any("x1t" in s for s in _sources(compiled))
     costly = lambda x: torch.exp(x.sum(-1))  # noqa: E731

@@ -18,6 +18,7 @@ from typing import Any
 import sympy
 import torch
 
+from wrapgen.kernels.cpp import lane_tiles
 from wrapgen.loop_ir import Apply, Load, walk
 
 # The kernel generator (codegen.CppKernelCodegen) and its line writer: typed loosely here, since
@@ -32,14 +33,16 @@ COSTLY = frozenset({"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "si
 
 
 def tile_size(gen: Generator) -> int | None:
-    """The tile length for this kernel, or None where its epilogue stays inside the row loop."""
+    """The tile length for this kernel, or None where its rows are reduced and finished one by
+    one: a costly epilogue gets a tile of `TILE` rows, and so does a sum that lane_tiles can
+    interleave (a tile of all the rows where there are fewer)."""
     g, items = gen.group, gen.items
-    if not g.rows or not g.reduced or gen.row_cache or len(items) < 2 or items[0][0] != "segment":
+    if not g.rows or not g.reduced or gen.row_cache or not items or items[0][0] != "segment":
         return None
     if any(kind != "row" for kind, _ in items[1:]):
         return None
     extent = sympy.sympify(g.rows[-1])
-    if not extent.is_Integer or int(extent) < TILE:
+    if not extent.is_Integer or int(extent) < 2:
         return None
     epilogue = [m for _, ms in items[1:] for m in ms]
     if any(m.node.store_indirect for m in g.members):
@@ -47,8 +50,10 @@ def tile_size(gen: Generator) -> int | None:
     bodies = [node for m in g.members for node in walk(m.node.body)]
     if any(isinstance(node, Load) and node.indirect for node in bodies):
         return None
+    if lane_tiles.eligible(gen):
+        return min(TILE, int(extent))
     costly = any(isinstance(node, Apply) and node.op in COSTLY for m in epilogue for node in walk(m.node.body))
-    return TILE if costly else None
+    return TILE if costly and int(extent) >= TILE else None
 
 
 def emit(gen: Generator, x: str, extent: int, tile: int, memo: dict, local: dict[str, str], w: Writer,
@@ -60,19 +65,25 @@ def emit(gen: Generator, x: str, extent: int, tile: int, memo: dict, local: dict
     _, reduced_members = gen.items[0]
     reductions = [m for m in reduced_members if m.level == "reduction"]
     bound = str(tile) if extent % tile == 0 else f"(({extent} - {x}t) < {tile} ? ({extent} - {x}t) : {tile})"
-    arrays = {m.node.name: f"tile{gen.tmp()}" for m in reductions}
-    for m in reductions:
-        w.line(f"{ctype(m.node.dtype)} {arrays[m.node.name]}[{tile}];")
-    w.line(f"for (int64_t {x}i = 0; {x}i < {bound}; ++{x}i) {{")
-    w.depth += 1
-    w.line(f"const int64_t {x} = {x}t + {x}i;")
     gen.current_item = 0
-    row_memo, row_local = dict(memo), dict(local)
-    gen.segment(reduced_members, row_memo, row_local, w)
-    for name, array in arrays.items():
-        w.line(f"{array}[{x}i] = {row_local[name]};")
-    w.depth -= 1
-    w.line("}")
+    if lane_tiles.eligible(gen):
+        (member,) = reductions
+        arrays = {member.node.name: lane_tiles.emit(gen, x, bound, tile, member, memo, local, w, ctype)}
+    else:
+        arrays = {m.node.name: f"tile{gen.tmp()}" for m in reductions}
+        for m in reductions:
+            w.line(f"{ctype(m.node.dtype)} {arrays[m.node.name]}[{tile}];")
+        w.line(f"for (int64_t {x}i = 0; {x}i < {bound}; ++{x}i) {{")
+        w.depth += 1
+        w.line(f"const int64_t {x} = {x}t + {x}i;")
+        row_memo, row_local = dict(memo), dict(local)
+        gen.segment(reduced_members, row_memo, row_local, w)
+        for name, array in arrays.items():
+            w.line(f"{array}[{x}i] = {row_local[name]};")
+        w.depth -= 1
+        w.line("}")
+    if len(gen.items) == 1:
+        return
     w.line("#pragma omp simd")
     w.line(f"for (int64_t {x}i = 0; {x}i < {bound}; ++{x}i) {{")
     w.depth += 1
