@@ -73,3 +73,15 @@ def test_sums_the_form_does_not_fit_keep_the_row_loop() -> None:
         assert not _lane_tiled(compiled), name
         x = torch.randn(shape)
         torch.testing.assert_close(compiled(x), fn(x))
+
+
+def test_eight_lane_tiles_of_avx2_hosts_equal_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without AVX-512 a row keeps 8 float lanes and its sums are folded one row at a time."""
+    monkeypatch.setattr(lane_tiles.kernel_build, "has_avx512", lambda: False)
+    torch.manual_seed(0)
+    model = Layers(70, 37, 3).eval()
+    with torch.no_grad():
+        compiled = wrapgen.compile(model, (torch.randn(3, 70),), target="cpp")
+        assert any("[16][8]" in s for s in _sources(compiled)), _sources(compiled)
+        x = torch.randn(3, 70)
+        torch.testing.assert_close(compiled(x), model(x))
