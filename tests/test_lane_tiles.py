@@ -79,7 +79,7 @@ def test_eight_lane_tiles_of_avx2_hosts_equal_eager(monkeypatch: pytest.MonkeyPa
     """Without AVX-512 a row keeps 8 float lanes and its sums are folded one row at a time."""
     monkeypatch.setattr(lane_tiles.kernel_build, "has_avx512", lambda: False)
     torch.manual_seed(0)
-    model = Layers(70, 37, 3).eval()
+    model = Layers(70, 37).eval()
     with torch.no_grad():
         compiled = wrapgen.compile(model, (torch.randn(3, 70),), target="cpp")
         assert any("[16][8]" in s for s in _sources(compiled)), _sources(compiled)
