@@ -62,8 +62,10 @@ static inline float wg_round_half(float f) { return wg_half_to_float(wg_float_to
 """
 
 # lane_tiles.py's fold of a [16][16] float tile: a tree of 15 vector adds over halves of row
-# pairs, in gcc's vector extensions (an intrinsics header would cost 0.2 s of g++ per kernel)
+# pairs, in gcc's vector extensions (an intrinsics header would cost 0.2 s of g++ per kernel);
+# other compilers (CXX=clang++ has no __builtin_shuffle) fold one row at a time
 LANE_FOLD = """
+#if defined(__GNUC__) && !defined(__clang__)
 typedef float wg_f16v __attribute__((vector_size(64)));
 typedef int wg_i16v __attribute__((vector_size(64)));
 static inline wg_f16v wg_pair_sum(wg_f16v x, wg_f16v y, wg_i16v lo, wg_i16v hi) {
@@ -86,6 +88,15 @@ static inline void wg_fold16x16(const float (*lanes)[16], float* out) {  // out[
   const wg_f16v e = wg_pair_sum(d[0], d[1], lo4, hi4);
   std::memcpy(out, &e, 64);
 }
+#else
+static inline void wg_fold16x16(const float (*lanes)[16], float* out) {
+  for (int i = 0; i < 16; ++i) {
+    float total = 0;
+    for (int l = 0; l < 16; ++l) total += lanes[i][l];
+    out[i] = total;
+  }
+}
+#endif
 """
 
 PRELUDE = f"""// wrapgen C++ kernel prelude
