@@ -101,21 +101,22 @@ def emit(gen: Generator, x: str, bound: str, tile: int, member: Member, memo: di
     w.line("}")
     if whole < extent:
         accumulate(str(whole), str(extent), f"{r} - {whole}")
+    stored = node.name in gen.stored
     tree = tile == 16 and width == 16 and acc_t == out_t == "float"  # the prelude's wg_fold16x16
     if tree:
         w.line(f"wg_fold16x16({acc}, {result});")
-    if not tree or gen.stored & {node.name}:
-        w.line(f"for (int64_t {x}i = 0; {x}i < {bound}; ++{x}i) {{")
-        w.depth += 1
+        if not stored:
+            return result
+    w.line(f"for (int64_t {x}i = 0; {x}i < {bound}; ++{x}i) {{")
+    w.depth += 1
     if not tree:
         total = gen.tmp()
         w.line(f"{acc_t} {total} = 0;")
         w.line(f"for (int64_t l = 0; l < {width}; ++l) {total} += {acc}[{x}i][l];")
         w.line(f"{result}[{x}i] = static_cast<{out_t}>({total});")
-    if gen.stored & {node.name}:
+    if stored:
         w.line(f"const int64_t {x} = {x}t + {x}i;")
         gen.store(member, f"{result}[{x}i]", w)
-    if not tree or gen.stored & {node.name}:
-        w.depth -= 1
-        w.line("}")
+    w.depth -= 1
+    w.line("}")
     return result

@@ -31,11 +31,15 @@ from wrapgen.loop_ir import (
 def merge_reduced(group: FusionGroup) -> FusionGroup:
     """`group` with every mergeable pair of adjacent static reduced dimensions merged (the same
     group where none is)."""
-    while True:
-        pair = next((i for i in range(len(group.reduced) - 1) if _mergeable(group, i)), None)
+    while len(group.reduced) > 1:
+        indices = _indices(group)
+        if indices is None:
+            break
+        pair = next((i for i in range(len(group.reduced) - 1) if _mergeable(group, indices, i)), None)
         if pair is None:
-            return group
+            break
         group = _merge(group, pair)
+    return group
 
 
 def _indices(group: FusionGroup) -> list[sympy.Expr] | None:
@@ -55,12 +59,11 @@ def _indices(group: FusionGroup) -> list[sympy.Expr] | None:
     return found
 
 
-def _mergeable(group: FusionGroup, i: int) -> bool:
+def _mergeable(group: FusionGroup, indices: list[sympy.Expr], i: int) -> bool:
+    """Whether reduced dimensions i and i + 1 are static and every one of the group's `indices`
+    is linear in them with the outer coefficient the inner one's times the inner extent."""
     outer_extent, inner_extent = (sympy.sympify(e) for e in group.reduced[i:i + 2])
     if not (outer_extent.is_Integer and inner_extent.is_Integer):
-        return False
-    indices = _indices(group)
-    if indices is None:
         return False
     outer, inner = red_vars(len(group.reduced))[i:i + 2]
     for index in indices:
