@@ -272,3 +272,30 @@ def test_a_clamped_position_is_not_divided_by_the_extent_it_is_clamped_below(lan
     assert "wg_floordiv" not in sources and "wg_mod" not in sources and "// 5" not in sources and "% 5" not in sources
     fresh = (torch.randn(12, 7), torch.randn(7))
     torch.testing.assert_close(compiled(*fresh), _shifted_gradient(*fresh))
+
+
+class _ReshapedResidualLayer(torch.nn.Module):
+    """An OPT decoder layer's residual pattern: the sum is read through a reshape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.proj = torch.nn.LayerNorm(16), torch.nn.Linear(16, 16)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        shape = h.shape
+        h = h.reshape(-1, 16)
+        return (h + self.proj(self.norm(h))).view(shape)
+
+
+def test_a_residual_sum_read_through_a_reshape_is_not_recomputed_by_every_later_layer() -> None:
+    """Each layer's sum is read by the next LayerNorm and the next sum, both through a reshape.
+    Counting the reshape as its only reader inlined every sum into every later LayerNorm: the
+    last layer's kernel read every earlier layer's projection (quadratic work in the depth)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_ReshapedResidualLayer() for _ in range(10)]).eval()
+    x = torch.randn(2, 4, 16)
+    with torch.no_grad():
+        program = wrapgen.lower(model, (x,))
+        widest = max(len(call.uses()) for call in lines_of(program, KernelCall))
+        assert widest <= 7, str(program)  # LayerNorm weight and bias, its output, and a few sums
+        torch.testing.assert_close(wrapgen.compile(model, (x,))(x), model(x))
