@@ -6,7 +6,8 @@
     python -m benchmarks.kernel_profile --optimizer adamw [--size gpt2|small] ...   one optimizer step
     python -m benchmarks.kernel_profile --decode [--size full|small] ...            one Llama decode step
 
---model: a family of benchmarks.models (gpt2, llama, bert, resnet50, vit_b16; --size full, small, b1x32) or a
+--model: a family of benchmarks.models (gpt2, llama, bert, resnet50, vit_b16; --size full, small, b1x32), a
+model of benchmarks.suite by its row name (timm/convnext_tiny, huggingface/opt; --size full, small) or a
 micro workload of benchmarks.workloads (--size cuda, cpu, quick); --train: its training step. --optimizer:
 benchmarks.optimizer's case and contenders; --decode: benchmarks.decode's Llama and StaticCache (a step: the next
 token's forward and argmax, after an eager prefill of 16 tokens). `wrapgen-python` means `wrapgen[python]`; the
@@ -51,6 +52,7 @@ from torch.autograd import DeviceType
 from benchmarks import decode, machine, model_suite, models, optimizer, step_rounds, workloads
 from benchmarks.harness import build_callable
 from benchmarks.interleaved import interleave
+from benchmarks.suite import catalog as suite_catalog
 
 Step = Callable[[], Any]
 NOT_KERNELS = frozenset(  # ATen calls that only allocate, view or read metadata: not library work
@@ -103,12 +105,22 @@ def case_builders(args: argparse.Namespace) -> tuple[str, str, dict[str, Callabl
         if not found:
             raise SystemExit(f"{args.model} has no {tasks[0]} workload at size {size}")
         workload = found[0]
+    elif "/" in args.model:  # a model of benchmarks.suite (timm/convnext_tiny, huggingface/opt)
+        size = args.size or ("full" if cuda else "small")
+        try:
+            found = suite_catalog.workloads(suite_catalog.select(None, args.model), size, args.dtype, args.train)
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
+        if args.train and not found[-1].training:
+            raise SystemExit(f"{args.model} has no training step in benchmarks.suite")
+        workload = found[-1]
     elif args.model in workloads.WORKLOADS:
         if args.train or args.dtype != "fp32":
             raise SystemExit("micro workloads are float32 inference only")
         size, workload = args.size or ("cuda" if cuda else "cpu"), workloads.WORKLOADS[args.model]
     else:
-        raise SystemExit(f"unknown model {args.model!r}: one of {', '.join([*models.FAMILIES, *workloads.WORKLOADS])}")
+        raise SystemExit(f"unknown model {args.model!r}: one of {', '.join([*models.FAMILIES, *workloads.WORKLOADS])}, "
+                         "or a benchmarks.suite model as suite/name")
     model, inputs = workload.build(args.device, size)
 
     def make_model(contender: Any) -> Step:  # called under no_grad (main): a training step enables grad itself
@@ -251,7 +263,8 @@ def tables(rows: dict[str, dict[str, Any]], top: int, device: str) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.kernel_profile", description=__doc__.splitlines()[0])
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", help="a benchmarks.models family or a benchmarks.workloads workload")
+    what.add_argument("--model", help="a benchmarks.models family, a benchmarks.suite model (suite/name) or a "
+                      "benchmarks.workloads workload")
     what.add_argument("--optimizer", choices=sorted(optimizer.OPTIMIZERS), help="one benchmarks.optimizer step")
     what.add_argument("--decode", action="store_true", help="one decode step of benchmarks.decode's Llama")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")

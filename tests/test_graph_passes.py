@@ -22,6 +22,7 @@ def test_the_passes_in_order():
         ("attention_broadcast", ()),
         ("transposed_operands", ()),
         ("addmm_bias", ("kernels", "bias_in_kernels")),
+        ("conv_bias", ("kernels", "bias_in_kernels")),
         ("reinplace", ("kernels",)),
         ("inplace_ops", ("kernels",)),
         ("state_write_order", ("kernels",)),
@@ -91,9 +92,9 @@ def test_options_are_read_when_the_graph_is_compiled(tmp_path):
         wrapgen.lower(model, (x,))
     (files,) = _dumps(tmp_path).values()
     # the mask stays, made additive, and computed once at compile time (it reads no input)
-    assert list(files) == ["00-input.txt", "02-common_subexpressions.txt", "04-broadcast_bmm.txt", "13-attention_masks.txt",
-                           "14-input_free.txt"]
-    assert "scaled_dot_product" in files["14-input_free.txt"] and "arange" not in files["14-input_free.txt"]
+    assert list(files) == ["00-input.txt", "02-common_subexpressions.txt", "04-broadcast_bmm.txt", "14-attention_masks.txt",
+                           "15-input_free.txt"]
+    assert "scaled_dot_product" in files["15-input_free.txt"] and "arange" not in files["15-input_free.txt"]
 
 
 def test_no_dump_without_debug_dir_or_without_a_change(tmp_path):

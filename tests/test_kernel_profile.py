@@ -51,3 +51,17 @@ def test_optimizer_step_on_cpu() -> None:
     for row in rows.values():
         _check_row(row)
     assert rows["eager[foreach]"]["library_calls"] > 0  # the foreach ops
+
+
+def test_a_model_of_the_suite_by_its_row_name() -> None:
+    payload = kernel_profile.main(["--model", "huggingface/opt", "--device", "cpu", "--steps", "2", "--rounds", "2",
+                                   "--warmup", "1", "--top", "3", "--contenders", "wrapgen[python]"])
+    rows = payload["results"]
+    assert list(rows) == ["eager", "wrapgen[python]"]
+    for row in rows.values():
+        _check_row(row)
+
+
+def test_an_unknown_suite_model_is_refused_by_name() -> None:
+    with pytest.raises(SystemExit, match="no_such_model"):
+        kernel_profile.main(["--model", "huggingface/no_such_model", "--device", "cpu"])

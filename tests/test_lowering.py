@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import sympy
 import torch
+import torch.nn.functional as F
 
 import wrapgen
 from wrapgen.backends import PythonEmitter
@@ -299,3 +300,17 @@ def test_a_residual_sum_read_through_a_reshape_is_not_recomputed_by_every_later_
         widest = max(len(call.uses()) for call in lines_of(program, KernelCall))
         assert widest <= 7, str(program)  # LayerNorm weight and bias, its output, and a few sums
         torch.testing.assert_close(wrapgen.compile(model, (x,))(x), model(x))
+
+
+def test_a_pooled_value_read_from_several_tensors_is_computed_once_before_the_windows_read_it() -> None:
+    """Each output of a 3x3 pooling reads its source nine times: inlined, a sum of two tensors
+    would load both nine times per output (PoolFormer pools a normalized residual stream)."""
+
+    def pool_of_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.avg_pool2d(a + b, 3, 1, 1, count_include_pad=False) - torch.relu(b)
+
+    a, b = torch.randn(2, 4, 9, 9), torch.randn(2, 4, 9, 9)
+    program = wrapgen.lower(pool_of_sum, (a, b))
+    pooling = [call for call in lines_of(program, KernelCall) if "avg_pool2d" in call.kernel]
+    assert pooling and all("args_0" not in call.uses() for call in pooling), str(program)  # reads the sum, in memory
+    torch.testing.assert_close(wrapgen.compile(pool_of_sum, (a, b))(a, b), pool_of_sum(a, b))

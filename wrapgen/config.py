@@ -186,7 +186,8 @@ OPTIONS: dict[str, Option] = {
             True,
             "WRAPGEN_BIAS_IN_KERNELS",
             "on CUDA with generated kernels, a linear layer's addmm whose result only pointwise ops read runs as "
-            "mm, its bias added by the kernel that reads the product (cuBLASLt's bias epilogue picks slower tiles)",
+            "mm, its bias added by the kernel that reads the product (cuBLASLt's bias epilogue picks slower tiles); "
+            "so does a convolution's bias where generated kernels read its result (ATen adds it in a pass of its own)",
         ),
         Option(
             "compile_backward_early",

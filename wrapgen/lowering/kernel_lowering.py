@@ -28,7 +28,6 @@ from wrapgen.loop_ir import (
     Load,
     LoopValue,
     compute_dtype,
-    loads,
     node_loads,
     red_vars,
     row_vars,
@@ -39,7 +38,7 @@ from wrapgen.lowering.gemm_templates import apply_gemm_templates
 from wrapgen.lowering.graph_lowering import Buffer, GraphLowering
 from wrapgen.lowering.loop_ops import LOWERINGS, VIEW_OPS, op_key, supported
 from wrapgen.lowering.loop_ops.index_put import CPP_ONLY
-from wrapgen.lowering.loop_ops.recompute import numel
+from wrapgen.lowering.loop_ops.recompute import full_size_reads, numel
 from wrapgen.lowering.loop_order import reduction_order, reorder
 from wrapgen.lowering.multi_kernel import with_reduction_variants
 from wrapgen.lowering.mutation import MutationTracker, StateOrder, is_copy, writes_in_place, written_back
@@ -216,7 +215,7 @@ class KernelGraphLowering(GraphLowering):
             return value  # several results, or a buffer a kernel of its own writes (index_put.py)
         external = any(u not in self.loop_nodes for u in node.users)
         several = op_key(node) not in VIEW_OPS and self._consumers(node) > 1
-        reads = _full_size_reads(value)
+        reads = full_size_reads(value)
         shared = several and (size(value.body) > INLINE_LIMIT or len(reads) > READS_LIMIT)
         if external or shared:
             if node in self.in_place:  # a new value of state: computed into the state itself
@@ -472,15 +471,6 @@ class KernelGraphLowering(GraphLowering):
                 if isinstance(t, TensorType):
                     types[name] = t
         return types
-
-
-def _full_size_reads(value: LoopValue) -> set[str]:
-    """The buffers `value` reads along its innermost dimension (or by gather): those an inlined
-    copy keeps alive. A per-row or scalar read (a cross entropy's targets and scale beside its
-    logits-sized gradient) is small, and recomputing from it is cheap."""
-    inner = row_vars(len(value.sizes))[-1:]
-    return {ld.buffer for ld in loads(value.body)
-            if not inner or ld.indirect or inner[0] in sympy.sympify(ld.index).free_symbols}
 
 
 def _readers(lines: list[WrapperLine], computed: set[str]) -> dict[str, list[int]]:

@@ -22,6 +22,7 @@ from wrapgen.lowering.graph_passes.attention_masks import contiguous_traced_mask
 from wrapgen.lowering.graph_passes.broadcast_bmm import fold_broadcast_bmm
 from wrapgen.lowering.graph_passes.common_subexpressions import eliminate_common_subexpressions
 from wrapgen.lowering.graph_passes.constant_masks import drop_constant_masks
+from wrapgen.lowering.graph_passes.conv_bias import conv_bias_into_readers
 from wrapgen.lowering.graph_passes.conv_layout import channels_last_convolutions, propagate_input_layouts
 from wrapgen.lowering.graph_passes.dead_code import remove_dead_code
 from wrapgen.lowering.graph_passes.inplace_ops import split_inplace_ops
@@ -87,6 +88,8 @@ ATEN_PASSES: tuple[GraphPass, ...] = (
     # The rest only with generated kernels: they pay when their work fuses into one.
     # CUDA addmm read only by pointwise ops: mm, its bias added by the kernel reading it
     GraphPass("addmm_bias", ("kernels", "bias_in_kernels"), bias_into_readers),
+    # CUDA convolution read only by generated kernels: no bias, added by the kernels reading it
+    GraphPass("conv_bias", ("kernels", "bias_in_kernels"), conv_bias_into_readers),
     # on a device with a kernel language: a KV-cache update writes the cache's new rows only
     GraphPass("reinplace", ("kernels",), _scatter_in_place),
     # on a device with a kernel language: _foreach_ and in-place ops as loops + copy_

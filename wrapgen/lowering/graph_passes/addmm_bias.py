@@ -14,6 +14,8 @@ the bias is one row; anything else keeps `addmm`, where the epilogue saves a pas
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.fx
 
@@ -48,43 +50,58 @@ def _bias_can_move(node: torch.fx.Node) -> bool:
         return False
     if bias_value.dim() not in (1, 2) or (bias_value.dim() == 2 and bias_value.shape[0] != 1):
         return False  # a full matrix C: addmm reads it in the product's own pass
-    return _read_pointwise_only(node)
+    return read_only_by_loops(node)
 
 
-def _read_pointwise_only(node: torch.fx.Node) -> bool:
-    """Every reader of `node`, looking through views, is a pointwise op with a loop lowering."""
+def read_only_by_loops(node: torch.fx.Node, modules: tuple[str, ...] = (pointwise.__name__,)) -> bool:
+    """Every reader of `node`, looking through views, is an op with a loop lowering (from one of
+    `modules`, pointwise ops by default) that CUDA kernels do."""
     for user in node.users:
         if user.op != "call_function" or not isinstance(user.target, torch._ops.OpOverload):
             return False
         if user.target.is_view or user.target is aten._unsafe_view.default:
-            if not _read_pointwise_only(user):
+            if not read_only_by_loops(user, modules):
                 return False
             continue
         lowering = LOWERINGS.get(op_key(user))
-        if lowering is None or lowering.__module__ != pointwise.__name__ or not supported(user, "cuda"):
+        if lowering is None or lowering.__module__ not in modules or not supported(user, "cuda"):
             return False
     return True
 
 
 def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node, _: object, fake_mode) -> bool:
-    """`mm` + `add` in place of `node`; False (the graph as it was) when fake tensors do not give
-    the sum exactly the addmm's result layout."""
+    """`mm` + `add` in place of `node`, where fake tensors give the sum its layout."""
     bias, a, b = node.args[:3]
+
+    def build(add: Callable[..., torch.fx.Node]) -> torch.fx.Node:
+        return add(aten.add.Tensor, (add(aten.mm.default, (a, b)), bias))
+
+    return replace_if_same_layout(graph, node, build, fake_mode)
+
+
+def replace_if_same_layout(graph: torch.fx.Graph, node: torch.fx.Node,
+                           build: Callable[[Callable[..., torch.fx.Node]], torch.fx.Node], fake_mode) -> bool:
+    """Replace `node` by the nodes `build` adds before it (through the function it is given,
+    which traces each new node's fake value) and returns the last of; False, and the graph as it
+    was, when fake tensors refuse them or give the replacement another shape, layout or dtype."""
     added: list[torch.fx.Node] = []
+
+    def add(target: object, args: tuple) -> torch.fx.Node:
+        added.append(new := graph.call_function(target, args))
+        new.meta["val"] = fake_value(new, fake_mode)
+        return new
+
     try:
         with graph.inserting_before(node):
-            added.append(product := graph.call_function(aten.mm.default, (a, b)))
-            product.meta["val"] = fake_value(product, fake_mode)
-            added.append(total := graph.call_function(aten.add.Tensor, (product, bias)))
-            total.meta["val"] = fake_value(total, fake_mode)
-        expected, got = node.meta["val"], total.meta["val"]
+            replacement = build(add)
+        expected, got = node.meta["val"], replacement.meta["val"]
         same = (got.shape, got.stride(), got.dtype) == (expected.shape, expected.stride(), expected.dtype)
-    except Exception:  # noqa: BLE001 - fake tensors refuse the pair: keep the addmm
+    except Exception:  # noqa: BLE001 - fake tensors refuse the new nodes: keep the old one
         same = False
     if not same:
         for new in reversed(added):
             graph.erase_node(new)
         return False
-    node.replace_all_uses_with(total)
+    node.replace_all_uses_with(replacement)
     graph.erase_node(node)
     return True

@@ -17,6 +17,7 @@ import torch.fx
 
 from wrapgen.loop_ir import Apply, Body, Const, IndexValue, LoopValue, compute_dtype, row_vars
 from wrapgen.lowering.loop_ops.common import LoopContext, arg, cast, fake, out_fake, register, zero
+from wrapgen.lowering.loop_ops.recompute import compute_once_before_window
 
 
 def _pair(value: object, default: object = None) -> tuple[int, int] | None:
@@ -45,6 +46,13 @@ def _index(expr: sympy.Expr) -> Body:
     return IndexValue(sympy.sympify(expr), torch.int64)
 
 
+def _window_source(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
+    """The pooled tensor, from memory when inlining it would repeat its work at every position
+    of every window (see recompute.py)."""
+    value = ctx.value(node)
+    return ctx.computed_once(node) if compute_once_before_window(value) else value
+
+
 def _window(source: LoopValue, out_sizes: tuple, kernel: tuple[int, int], stride: tuple[int, int],
             padding: tuple[int, int], dilation: tuple[int, int], fill: float) -> tuple[tuple, Body]:
     """The (*out_sizes, kh, kw) window values: x[.., i*s - p + a*d, j*s - p + b*d], each read at an
@@ -68,7 +76,7 @@ def _window(source: LoopValue, out_sizes: tuple, kernel: tuple[int, int], stride
 @register("aten::max_pool2d_with_indices.default", check=_pool_check)
 def _max_pool2d(ctx: LoopContext, node: torch.fx.Node) -> tuple[LoopValue, LoopValue]:
     """out[.., i, j] = max over the window (a padding position counts as -inf)."""
-    source = ctx.value(node.args[0])
+    source = _window_source(ctx, node.args[0])
     values, indices = out_fake(node)
     kernel = _pair(arg(node, 1, "kernel_size"))
     sizes, body = _window(source, ctx.shape(values.shape), kernel, _pair(arg(node, 2, "stride"), kernel),  # type: ignore[arg-type]
@@ -96,7 +104,7 @@ def _avg_pool2d(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     """out[.., i, j] = sum over the window of x (0 in the padding) / the divisor ATen uses: with
     start = i*s - p and end = min(start + k, size + p), the padded window's area (end - start) when
     `count_include_pad`, else the area of the window clipped to the input."""
-    source = ctx.value(node.args[0])
+    source = _window_source(ctx, node.args[0])
     out = out_fake(node)
     kernel = _pair(arg(node, 1, "kernel_size"))
     stride = _pair(arg(node, 2, "stride"), kernel)
