@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+import sympy
 import torch
 from torch import nn
 
@@ -19,11 +20,12 @@ import wrapgen
 import wrapgen.dynamo
 import wrapgen.lowering.graph_passes.conv_choice as conv_choice
 import wrapgen.lowering.graph_passes.conv_layout as conv_layout
+import wrapgen.lowering.loop_ops.norms as norms
 from wrapgen.kernels.triton import compat
 from wrapgen.loop_ir import Load, red_vars, row_vars
 from wrapgen.lowering.capture import capture
 from wrapgen.lowering.loop_order import memory_order, reduction_order
-from wrapgen.wrapper_ir.lines import ExternKernel, KernelCall, KernelDefinition, Output
+from wrapgen.wrapper_ir.lines import Allocate, ExternKernel, KernelCall, KernelDefinition, Output
 from wrapgen.wrapper_ir.values import TensorRef
 
 TARGETS = ["python", "cpp", "fx"]
@@ -291,6 +293,30 @@ def test_group_norm_reads_a_contiguous_input(on_cpu, monkeypatch, target):
     _check(model, x, target, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_group_norm_a_kernel_computes_keeps_the_network_channels_last(on_cpu, monkeypatch, target):
+    """Where a generated kernel computes the group norm (CUDA's library kernel wants a contiguous
+    input, the loops read any layout), its result stays channels-last: the pool, the residual sums
+    and the next convolutions read NHWC, and nothing but the image and the weights is copied."""
+    monkeypatch.setattr(conv_layout, "CONTIGUOUS_INPUT_OPS",
+                        {torch.ops.aten.native_group_norm.default: frozenset({"cpu", "cuda"})})
+    monkeypatch.setattr(norms, "GROUP_NORM_DEVICES", frozenset({"cpu", "cuda"}))
+    model, x = PoolFormer().eval(), torch.randn(2, 3, 8, 8)
+    program = wrapgen.lower(model, (x,))
+    assert "native_group_norm" not in str(program)  # computed by kernels
+    assert _conv_inputs_channels_last(program), str(program)
+    returned = {v.name for line in program.lines if isinstance(line, Output) for v in line.values}
+    maps = [line for line in program.lines if isinstance(line, Allocate) and len(line.type.sizes) == 4
+            and line.name not in returned]
+    assert maps and all(_channels_last(line.type) for line in maps), str(program)  # the pool's result too
+    _check(model, x, target, rtol=1e-4, atol=1e-4)
+
+
+def _channels_last(t) -> bool:
+    probe = torch.empty_strided([int(s) for s in t.sizes], [int(s) for s in t.strides], device="meta")
+    return probe.is_contiguous(memory_format=torch.channels_last) and not probe.is_contiguous()
+
+
 def test_option_off_from_the_environment(monkeypatch):
     monkeypatch.setenv("WRAPGEN_LAYOUT_OPTIMIZATION", "0")
     assert wrapgen.config.OPTIONS["layout_optimization"].parse_env() is False
@@ -351,6 +377,22 @@ def test_reduction_order_follows_the_input():
     nchw = Load("buf", 128 * xs[0] + 16 * xs[1] + 4 * xs[2] + xs[3], torch.float32)
     assert reduction_order(nchw, (2, 8, 4, 4), [0, 1, 2], {}) == (0, 1, 2)
     assert rs  # (reduced variables never enter the order)
+
+
+def test_reduction_order_of_a_padded_window_over_nhwc():
+    """A 3x3 stride-1 window with padding 1 over an NHWC 8x8 map (a PoolFormer pool): its row
+    index clamps at the map's edge, so a step from the origin moves nothing; channels still walk
+    innermost. A rolled (wrapped) index keeps its stride too."""
+    n, c, h, w = row_vars(4)
+    r, s = red_vars(2)
+
+    def clamp(e):
+        return sympy.Max(0, sympy.Min(7, e))
+
+    window = Load("buf", 512 * n + c + 64 * clamp(h - 1 + r) + 8 * clamp(w - 1 + s), torch.float32)
+    assert reduction_order(window, (2, 8, 8, 8, 3, 3), [0, 1, 2, 3], {}) == (0, 2, 3, 1)
+    rolled = Load("buf", 512 * n + 64 * c + 8 * h + sympy.Mod(w + 3, 8), torch.float32)
+    assert reduction_order(rolled, (2, 8, 8, 8, 3), [0, 1, 2, 3], {}) == (0, 1, 2, 3)
 
 
 @pytest.mark.skipif(not (compat.available() and compat.interpreting()), reason="needs triton in interpreter mode")

@@ -11,6 +11,8 @@ index becomes contiguous in the new variables (one flat index, as for a contiguo
 
 from __future__ import annotations
 
+import statistics
+
 import sympy
 
 from wrapgen.loop_ir import Body, row_vars, substitute
@@ -50,7 +52,11 @@ def reduction_order(body: Body, sizes: tuple, kept: list[int], hints: dict) -> t
     """The order (positions in `kept`, outermost first) to walk a reduction's kept dimensions
     in: by decreasing stride of the first load of `body` (over `sizes`) that every kept
     dimension moves (a max pool over an NHWC map walks channels innermost), else as they are.
-    The strides are probed by unit steps, so clamped (padded-window) indices count too."""
+    The strides are probed by unit steps from a few points and the median step taken, so clamped
+    (padded-window) and wrapped (rolled) indices count too: from the origin alone, a 3x3 window's
+    row `clamp(h - 1 + r)` does not move from h = 0 to 1 (both clamp to 0), its stride read 0, and
+    a pool over an NHWC map walked (and wrote) NCHW, reading its input 64 channels apart per step
+    (PoolFormer on an H200)."""
     from wrapgen.loop_ir import loads
 
     identity = tuple(range(len(kept)))
@@ -62,12 +68,23 @@ def reduction_order(body: Body, sizes: tuple, kept: list[int], hints: dict) -> t
         index = sympy.sympify(load.index)
         if load.indirect or not all(xs[kept[k]] in index.free_symbols for k in moving):
             continue
-        zero = {s: 0 for s in index.free_symbols}
         try:
-            base = index.xreplace(hints).xreplace(zero)
-            steps = {k: int(index.xreplace(hints).xreplace({**zero, xs[kept[k]]: 1}) - base) for k in moving}
+            steps = {k: statistics.median_low([_probe(index, hints, xs[kept[k]], point) for point in _PROBE_POINTS])
+                     for k in moving}
         except (TypeError, ValueError):
             return identity
         ordered = iter(sorted(moving, key=lambda k: (-steps[k], k)))
         return tuple(next(ordered) if k in moving else k for k in identity)
     return identity
+
+
+# where strides are probed from: every symbol of an index at one of these values (a clamp at a
+# window's edge or a wrap stops a step at one or two of them, not at most)
+_PROBE_POINTS = (0, 1, 2, 3, 4)
+
+
+def _probe(index: sympy.Expr, hints: dict, symbol: sympy.Symbol, point: int) -> int:
+    """How far `index` moves when `symbol` steps by one from `point` (every symbol there)."""
+    at = {s: point for s in index.free_symbols}
+    fixed = index.xreplace(hints)
+    return int(fixed.xreplace({**at, symbol: point + 1}) - fixed.xreplace(at))

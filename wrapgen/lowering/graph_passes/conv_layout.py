@@ -29,13 +29,17 @@ from them (its convolution backwards then read NHWC too), or, where it cannot, c
 
 from __future__ import annotations
 
+import operator
 from contextvars import ContextVar
 
 import torch
 import torch.fx
 
+from wrapgen import config
 from wrapgen.lowering.capture import CapturedGraph, fake_value, graph_fake_mode, with_graph
 from wrapgen.lowering.graph_passes.conv_choice import faster_channels_last
+from wrapgen.lowering.kernel_lowering import kernel_language
+from wrapgen.lowering.loop_ops import supported
 
 # Devices on which the rewrite runs for every 2-d convolution.
 DEVICES = frozenset({"cuda"})
@@ -69,8 +73,16 @@ _CHANNELS_LAST = torch.channels_last
 # Library ops whose kernels on these devices take only a contiguous first input. The composite op
 # eager calls (`group_norm`) makes its input contiguous on CUDA first; export traced a contiguous
 # input, so the graph holds no copy, and the meta function checks nothing. An input the rewrite made
-# channels-last is copied back for them, as eager would copy it.
+# channels-last is copied back for them, as eager would copy it; not where a generated kernel
+# computes the op (it reads any layout).
 CONTIGUOUS_INPUT_OPS: dict[object, frozenset[str]] = {torch.ops.aten.native_group_norm.default: frozenset({"cuda"})}
+# Normalizations whose traced result is contiguous whatever their input's layout (their meta
+# functions say so). Where a generated kernel computes one from a channels-last input, its result
+# stays channels-last: traced contiguous, a GroupNorm after a channels-last convolution turned the
+# rest of the network back to NCHW, so PoolFormer's 3x3 pool over that GroupNorm read its input
+# 64 elements apart per thread (264 us where Inductor's takes 9-47 on an H200), and every next
+# convolution's input was transposed again.
+LAYOUT_KEEPING_NORMS = frozenset({torch.ops.aten.native_group_norm.default})
 
 
 def _channels_last_strides(shape: torch.Size) -> tuple[int, ...]:
@@ -247,6 +259,11 @@ class _Rewriter:
         elif isinstance(args[0], torch.fx.Node) and args[0] in self.changed and self._reads_traced_layout(node):
             args = (self._restore(args[0]), *args[1:])
         new = self._copy(node, args, kwargs)
+        if self._normalized_channels_last(node, new):
+            kept = self.env[node] = self._clone(new, _CHANNELS_LAST, f"{node.name}_channels_last")
+            self.changed.add(kept)
+            self.original[kept] = node.meta.get("val")
+            return
         if not any(n in self.changed for n in new.all_input_nodes):
             return  # nothing it reads changed: its traced value stands
         try:
@@ -355,7 +372,29 @@ class _Rewriter:
             return True
         devices = CONTIGUOUS_INPUT_OPS.get(node.target)
         value = node.args[0].meta.get("val") if devices and isinstance(node.args[0], torch.fx.Node) else None
-        return isinstance(value, torch.Tensor) and value.device.type in devices  # type: ignore[operator]
+        if not isinstance(value, torch.Tensor) or value.device.type not in devices:  # type: ignore[operator]
+            return False
+        return not _in_kernel(node, value.device.type)
+
+    def _normalized_channels_last(self, node: torch.fx.Node, new: torch.fx.Node) -> bool:
+        """Whether `node` is the result of a normalization (LAYOUT_KEEPING_NORMS) that a generated
+        kernel computes from an input the rewrite made channels-last: kept channels-last."""
+        if node.target is not operator.getitem or node.args[1] != 0:
+            return False
+        norm = node.args[0]
+        if not isinstance(norm, torch.fx.Node) or norm.target not in LAYOUT_KEEPING_NORMS:
+            return False
+        source = self.env[norm].args[0]
+        value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+        result = new.meta.get("val")
+        return (source in self.changed and isinstance(value, torch.Tensor) and isinstance(result, torch.Tensor)
+                and value.dim() == 4 and value.is_contiguous(memory_format=_CHANNELS_LAST)
+                and not value.is_contiguous() and _in_kernel(norm, value.device.type))
 
     def _is_layout_dependent_view(self, node: torch.fx.Node) -> bool:
         return self._is_view(node) and node.target._schema.name not in _LAYOUT_FREE_VIEWS  # type: ignore[union-attr]
+
+
+def _in_kernel(node: torch.fx.Node, device_type: str) -> bool:
+    """Whether a generated kernel, not the library, computes `node` on `device_type`."""
+    return config.kernels and supported(node, device_type) and kernel_language(torch.device(device_type)) is not None
