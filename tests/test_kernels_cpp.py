@@ -175,6 +175,31 @@ def test_softmax_row_cache_computes_exp_once_per_element(dynamic: bool) -> None:
     assert "wg_row" not in _kernel_source(too_long.program)
 
 
+def test_exp_of_every_range_matches_eager() -> None:
+    """Arguments beyond +-87 (a masked softmax's -FLT_MAX, a sigmoid of a large input) take the
+    prelude's shifted path around libmvec's scalar fallback: 0, subnormals, overflow to inf, NaN."""
+    x = torch.tensor([float("-inf"), -3.4e38, -200.0, -110.5, -104.0, -100.0, -95.5, -90.0, -87.5, -87.0, -1.0, 0.0,
+                      1.0, 87.0, 87.5, 88.5, 88.75, 100.0, 3.4e38, float("inf"), float("nan")] + [0.5] * 11)
+    compiled = wrapgen.compile(lambda t: (torch.exp(t), torch.sigmoid(-t)), (x,))
+    got_exp, got_sigmoid = compiled(x)
+    torch.testing.assert_close(got_exp, torch.exp(x), rtol=2e-6, atol=0, equal_nan=True)
+    torch.testing.assert_close(got_sigmoid, torch.sigmoid(-x), rtol=2e-6, atol=0, equal_nan=True)
+    assert "wg_expf(" in _kernel_source(compiled.program)
+
+
+def test_a_masked_softmax_reads_its_boolean_mask_as_bytes() -> None:
+    """g++ vectorizes no loop that loads a `bool`: a causal mask's byte is read instead, so the
+    softmax's loops (and libmvec's expf) vectorize; the result is eager's."""
+    def masked(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(scores.masked_fill(mask, torch.finfo(scores.dtype).min), dim=-1)
+
+    mask = torch.ones(32, 32, dtype=torch.bool).triu(1)
+    scores = torch.randn(2, 4, 32, 32)
+    compiled = check(masked, scores, mask, rtol=1e-6, atol=1e-7)
+    source = _kernel_source(compiled.program)
+    assert "reinterpret_cast<const uint8_t&>" in source and "const bool v" in source, source
+
+
 def test_max_propagates_nan() -> None:
     x = torch.randn(4, 8)
     compiled = wrapgen.compile(lambda t: t.amax(1), (x,))

@@ -62,7 +62,10 @@ def ctype(dtype: torch.dtype) -> str:
 
 
 def widen(text: str, dtype: torch.dtype) -> str:
-    """An element read from a `dtype` buffer, as a value of its compute type."""
+    """An element read from a `dtype` buffer, as a value of its compute type. A bool is read as
+    its byte: g++ 12 vectorizes no loop that loads a `bool` (MPT's masked softmax ran scalar)."""
+    if dtype == torch.bool:
+        return f"(reinterpret_cast<const uint8_t&>({text}) != 0)"
     return f"wg_{_HALF[dtype]}_to_float({text})" if dtype in _HALF else text
 
 
@@ -89,7 +92,9 @@ class GeneratedKernel:
 
 
 def _fn(name: str, dtype: torch.dtype) -> str:
-    return f"{name}f" if compute_dtype(dtype) == torch.float32 else name
+    if compute_dtype(dtype) != torch.float32:
+        return name
+    return "wg_expf" if name == "exp" else f"{name}f"  # the prelude's exp: see prelude.EXP
 
 
 def _literal(value: object, dtype: torch.dtype) -> str:

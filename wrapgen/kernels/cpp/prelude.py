@@ -99,6 +99,25 @@ static inline void wg_fold16x16(const float (*lanes)[16], float* out) {
 #endif
 """
 
+# exp of float: glibc's vector expf (libmvec) computes an argument beyond about +-87.3 (a result
+# below FLT_MIN or near overflow) one lane at a time with the scalar expf: a masked softmax's
+# -FLT_MAX lanes cost about 60 ns per vector, and MPT's attention softmax (2 x 4 x 32 x 32, causal)
+# took 43 us where 14 without the mask. Such an argument is moved into the fast range by 64 ln 2
+# and the result scaled back by 2^-+64, a power of two made from its exponent bits (exact but for a
+# subnormal result's rounding); beyond +-110 the result is 0 or inf either way. Every argument
+# within +-87 is computed as before, bit for bit, and NaN stays NaN. There is no select with a
+# constant arm around the call: g++ turned those into two or three expf calls per vector.
+EXP = """
+static inline float wg_expf(float x) {
+  const int32_t side = static_cast<int32_t>(x < -87.0f) - static_cast<int32_t>(x > 87.0f);
+  const float low = x > -110.0f ? x : -110.0f;
+  const float clamped = low < 110.0f ? low : 110.0f;
+  const float r = expf(clamped + static_cast<float>(side) * 44.36141955583650f);
+  const float scale = wg_bits_float(static_cast<uint32_t>(127 - 64 * side) << 23);
+  return x != x ? x : r * scale;
+}
+"""
+
 PRELUDE = f"""// wrapgen C++ kernel prelude
 #include <algorithm>
 #include <cmath>
@@ -123,4 +142,4 @@ static inline int64_t wg_imin(int64_t a, int64_t b) {{ return a < b ? a : b; }}
 static inline int64_t wg_imax(int64_t a, int64_t b) {{ return a > b ? a : b; }}
 template <typename T> static inline T wg_maximum(T a, T b) {{ return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }}
 template <typename T> static inline T wg_minimum(T a, T b) {{ return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }}
-{HALF_CONVERSIONS}{LANE_FOLD}"""
+{HALF_CONVERSIONS}{LANE_FOLD}{EXP}"""
