@@ -69,7 +69,8 @@ def reduction_order(body: Body, sizes: tuple, kept: list[int], hints: dict) -> t
         if load.indirect or not all(xs[kept[k]] in index.free_symbols for k in moving):
             continue
         try:
-            steps = {k: statistics.median_low([_probe(index, hints, xs[kept[k]], point) for point in _PROBE_POINTS])
+            fixed = index.xreplace(hints)
+            steps = {k: statistics.median_low([_probe(fixed, xs[kept[k]], point) for point in _PROBE_POINTS])
                      for k in moving}
         except (TypeError, ValueError):
             return identity
@@ -83,8 +84,7 @@ def reduction_order(body: Body, sizes: tuple, kept: list[int], hints: dict) -> t
 _PROBE_POINTS = (0, 1, 2, 3, 4)
 
 
-def _probe(index: sympy.Expr, hints: dict, symbol: sympy.Symbol, point: int) -> int:
+def _probe(index: sympy.Expr, symbol: sympy.Symbol, point: int) -> int:
     """How far `index` moves when `symbol` steps by one from `point` (every symbol there)."""
     at = {s: point for s in index.free_symbols}
-    fixed = index.xreplace(hints)
-    return int(fixed.xreplace({**at, symbol: point + 1}) - fixed.xreplace(at))
+    return int(index.xreplace({**at, symbol: point + 1}) - index.xreplace(at))

@@ -37,15 +37,25 @@ def _scale(node: torch.fx.Node, index: int, name: str) -> object:
     return node.args[index] if len(node.args) > index else node.kwargs.get(name, 1)
 
 
+def cuda_result_and_bias(node: torch.fx.Node, position: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The traced result of `node` and of its bias argument at `position`, where the result is a
+    CUDA float tensor and the bias a tensor of its dtype; else None."""
+    value, bias = node.meta.get("val"), node.args[position]
+    bias_value = bias.meta.get("val") if isinstance(bias, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or value.device.type != "cuda" or value.dtype not in _DTYPES:
+        return None
+    if not isinstance(bias_value, torch.Tensor) or bias_value.dtype != value.dtype:
+        return None
+    return value, bias_value
+
+
 def _bias_can_move(node: torch.fx.Node) -> bool:
     """Whether `node` is a CUDA addmm of a bias row (beta = alpha = 1) whose every reader is
     pointwise work that a generated kernel will do."""
-    value, bias = node.meta.get("val"), node.args[0]
-    bias_value = bias.meta.get("val") if isinstance(bias, torch.fx.Node) else None
-    if not isinstance(value, torch.Tensor) or value.device.type != "cuda" or value.dtype not in _DTYPES:
+    found = cuda_result_and_bias(node, 0)
+    if found is None:
         return False
-    if not isinstance(bias_value, torch.Tensor) or bias_value.dtype != value.dtype:
-        return False
+    _, bias_value = found
     if _scale(node, 3, "beta") != 1 or _scale(node, 4, "alpha") != 1:
         return False
     if bias_value.dim() not in (1, 2) or (bias_value.dim() == 2 and bias_value.shape[0] != 1):

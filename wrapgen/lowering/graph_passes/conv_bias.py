@@ -19,11 +19,10 @@ import torch
 import torch.fx
 
 from wrapgen.lowering.capture import CapturedGraph, rewrite_calls
-from wrapgen.lowering.graph_passes.addmm_bias import read_only_by_loops, replace_if_same_layout
+from wrapgen.lowering.graph_passes.addmm_bias import cuda_result_and_bias, read_only_by_loops, replace_if_same_layout
 from wrapgen.lowering.loop_ops import norms, pointwise, reductions
 
 aten = torch.ops.aten
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _READERS = (pointwise.__name__, reductions.__name__, norms.__name__)
 
 
@@ -36,13 +35,11 @@ def conv_bias_into_readers(captured: CapturedGraph) -> CapturedGraph:
 def _bias_can_move(node: torch.fx.Node) -> bool:
     """Whether `node` is a CUDA convolution with a bias of its result's dtype, every reader of
     which is work a generated kernel will do."""
-    value, bias = node.meta.get("val"), node.args[2]
-    bias_value = bias.meta.get("val") if isinstance(bias, torch.fx.Node) else None
-    if not isinstance(value, torch.Tensor) or value.device.type != "cuda" or value.dtype not in _DTYPES:
+    found = cuda_result_and_bias(node, 2)
+    if found is None:
         return False
-    if not isinstance(bias_value, torch.Tensor) or bias_value.dtype != value.dtype or bias_value.dim() != 1:
-        return False
-    if value.dim() < 3 or bias_value.shape[0] != value.shape[1]:
+    value, bias_value = found
+    if bias_value.dim() != 1 or value.dim() < 3 or bias_value.shape[0] != value.shape[1]:
         return False
     return read_only_by_loops(node, _READERS)
 

@@ -65,5 +65,5 @@ def full_size_reads(value: LoopValue) -> set[str]:
 
 def compute_once_before_window(value: LoopValue) -> bool:
     """Whether `value`, read at every position of a pooling window, should be in memory first:
-    when it computes anything from more than one full-size tensor."""
-    return len(full_size_reads(value)) > 1 and any(isinstance(n, Apply) for n in walk(value.body))
+    when it reads more than one full-size tensor (`computed_once` stores only what computes)."""
+    return len(full_size_reads(value)) > 1
