@@ -10,8 +10,9 @@
 model of benchmarks.suite by its row name (timm/convnext_tiny, huggingface/opt; --size full, small) or a
 micro workload of benchmarks.workloads (--size cuda, cpu, quick); --train: its training step. --optimizer:
 benchmarks.optimizer's case and contenders; --decode: benchmarks.decode's Llama and StaticCache (a step: the next
-token's forward and argmax, after an eager prefill of 16 tokens). `wrapgen-python` means `wrapgen[python]`; the
-reference (eager) always runs. Every contender is built and warmed up in one process, then:
+token's forward and argmax, after an eager prefill of 16 tokens). `wrapgen-python` means `wrapgen[python]`;
+`wrapgen-dynamo[python]` is torch.compile(model, backend="wrapgen") (suite and family models); the reference
+(eager) always runs. Every contender is built and warmed up in one process, then:
 
 - **ms/step**: wall time without the profiler, `--steps` steps per round, contenders interleaved (the order
   rotating), median over `--rounds`. **host µs/step**: a call without waiting for the device (CUDA). On CUDA,
@@ -65,7 +66,7 @@ NOT_KERNELS = frozenset(  # ATen calls that only allocate, view or read metadata
 def case_builders(args: argparse.Namespace) -> tuple[str, str, dict[str, Callable[[], Step]]]:
     """(case name, description, contender -> a function building its warm-able step)."""
     cuda, names = args.device == "cuda", ",".join(  # `wrapgen-python+graphs` is `wrapgen[python+graphs]`
-        f"wrapgen[{n[8:]}]" if n.startswith("wrapgen-") else n for n in args.contenders.replace(" ", "").split(","))
+        f"wrapgen[{n[8:]}]" if n.startswith("wrapgen-") and "[" not in n else n for n in args.contenders.replace(" ", "").split(","))
     if args.optimizer:
         case = optimizer.OPTIMIZERS[args.optimizer]
         set_name = args.size or ("gpt2" if cuda else "small")

@@ -78,10 +78,11 @@ def model_workloads(families: Sequence[models.ModelFamily], size: str, dtype_nam
 
 def model_contenders(device: str, names: str | None) -> list[Contender]:
     """By default eager, torch.compile (both modes on CUDA) and each registered wrapgen target;
-    `names` picks from every contender, the memory-plan and page-size variants too."""
+    `names` picks from every contender, the memory-plan and page-size variants and the dynamo entry
+    (`wrapgen-dynamo[t]`) too."""
     every = contenders_mod.default_contenders(device)
     if names:
-        return contenders_mod.select(every, names)
+        return contenders_mod.select(every + contenders_mod.dynamo_entry_contenders(), names)
     targets = {f"wrapgen[{t}]" for t in wrapgen.backends.registered_backends()}
     return [c for c in every if c.name.startswith(("eager", "torch.compile")) or c.name in targets]
 

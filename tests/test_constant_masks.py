@@ -33,6 +33,20 @@ def causal_additive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
 
+def causal_from_methods(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The causal mask built through operator methods (`a.__le__(b)`), which dynamo records as
+    call_method nodes (transformers' masks on CUDA hold an `__eq__`)."""
+    rows, cols = _positions(q, k)
+    mask = cols.__le__(rows).__and__(cols.__sub__(rows).__eq__(1).__invert__())
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None])
+
+
+def causal_from_eye(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The causal mask from `eye` and `cumsum`: dynamo's graph pass does not know `eye`, so only
+    the ATen pass (on whichever attention op torch picked for the device) sees it constant."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.eye(q.shape[-2], device=q.device).cumsum(0).bool())
+
+
 def all_true(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """An encoder traced without a padding mask: `positions >= 0` everywhere."""
     _, cols = _positions(q, k)
@@ -158,6 +172,45 @@ def test_torch_compile_inference_drops_the_mask(tmp_path):
     assert len(calls) == 2 and all("attn_mask" not in line and line.endswith(("0.0, True)", "is_causal=True)")) for line in calls)
 
 
+def _mask_arguments(line: ExternKernel) -> list[object]:
+    """The mask (attn_mask or attn_bias) a library attention call passes, and its is_causal flag."""
+    name, overload = line.op.split("::", 1)[1].split(".", 1)
+    schema = getattr(getattr(torch.ops.aten, name), overload)._schema
+    given = {a.name: (line.args[i] if i < len(line.args) else a.default_value)
+             for i, a in enumerate(schema.arguments) if not a.kwarg_only}
+    given.update({a.name: a.default_value for a in schema.arguments if a.kwarg_only})
+    given.update(dict(line.kwargs))
+    return [given.get("attn_mask", given.get("attn_bias")), given.get("is_causal")]
+
+
+def compiled_attention(fn, args: list[torch.Tensor]) -> list[list[object]]:
+    """torch.compile(fn, backend="wrapgen")'s attention calls, as (mask, is_causal), checked against eager."""
+    import wrapgen.api
+
+    programs, start_emit = [], wrapgen.api._start_emit
+
+    def recording(program, target):
+        programs.append(program)
+        return start_emit(program, target)
+
+    torch._dynamo.reset()
+    wrapgen.api._start_emit = recording
+    try:
+        with torch.no_grad():
+            got = torch.compile(fn, backend="wrapgen")(*args)
+    finally:
+        wrapgen.api._start_emit = start_emit
+    tolerance = {"atol": 2e-2, "rtol": 2e-2} if args[0].dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(got, fn(*args), **tolerance)
+    return [_mask_arguments(line) for p in programs for line in attention_lines(p)]
+
+
+@pytest.mark.parametrize("fn", [causal_from_methods, causal_from_eye])
+def test_torch_compile_inference_drops_a_mask_built_by_methods_or_eye(fn):
+    calls = compiled_attention(fn, qkv())
+    assert calls and all(mask is None and causal for mask, causal in calls), calls
+
+
 def test_option_off_keeps_every_mask(monkeypatch):
     with wrapgen.config.patch(constant_masks=False):
         program = wrapgen.lower(causal_bool, qkv())
@@ -191,7 +244,7 @@ def test_cuda(target, fn, dtype):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("fn", [causal_bool, all_true, shifted_causal])
+@pytest.mark.parametrize("fn", [causal_bool, all_true, shifted_causal, causal_from_methods])
 def test_training_gradients_match_eager(target, fn, tmp_path):
     """A constant mask is dropped (or made is_causal) before aot_autograd, so the forward and the
     backward both run without it; gradients equal eager's. A mask that is not causal stays."""
@@ -233,3 +286,16 @@ def test_cuda_training(dtype):
     tolerance = {} if dtype == torch.float32 else {"atol": 5e-2, "rtol": 5e-2}
     for got, want in zip(args, reference):
         torch.testing.assert_close(got.grad, want.grad, **tolerance)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fn", [causal_bool, causal_from_methods])
+def test_cuda_torch_compile_inference_drops_the_mask(fn):
+    """Under torch.compile on CUDA, torch picks the attention op while tracing (cuDNN's or the
+    efficient one take the mask as a bias): the mask goes, in bf16. (`causal_from_eye`, which only
+    the ATen pass could drop, keeps its mask on CUDA: there the bool mask reaches the attention op
+    as an additive bias made by constant folding, which that pass does not evaluate.)"""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    calls = compiled_attention(fn, [t.cuda() for t in qkv(torch.bfloat16, 64, 64)])
+    assert calls and all(mask is None and causal for mask, causal in calls), calls

@@ -55,9 +55,9 @@ def test_optimizer_step_on_cpu() -> None:
 
 def test_a_model_of_the_suite_by_its_row_name() -> None:
     payload = kernel_profile.main(["--model", "huggingface/opt", "--device", "cpu", "--steps", "2", "--rounds", "2",
-                                   "--warmup", "1", "--top", "3", "--contenders", "wrapgen[python]"])
+                                   "--warmup", "1", "--top", "3", "--contenders", "wrapgen[python],wrapgen-dynamo[python]"])
     rows = payload["results"]
-    assert list(rows) == ["eager", "wrapgen[python]"]
+    assert list(rows) == ["eager", "wrapgen[python]", "wrapgen-dynamo[python]"]  # both entry points
     for row in rows.values():
         _check_row(row)
 

@@ -33,6 +33,7 @@ ATTENTION_OPS = {
     aten.scaled_dot_product_attention.default: ("attn_mask", "is_causal"),
     aten._scaled_dot_product_flash_attention_for_cpu.default: ("attn_mask", "is_causal"),
     aten._scaled_dot_product_efficient_attention.default: ("attn_bias", "is_causal"),
+    aten._scaled_dot_product_cudnn_attention.default: ("attn_bias", "is_causal"),
 }
 EVALUATION_LIMIT = 1 << 25  # elements of any tensor the mask's subgraph makes (compile-time memory)
 _UNINITIALIZED = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",

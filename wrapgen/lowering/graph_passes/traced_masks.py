@@ -33,6 +33,9 @@ _PURE_METHODS = frozenset({
     "new_ones", "new_zeros", "new_full", "cumsum", "diff", "le", "lt", "ge", "gt", "eq", "ne", "masked_fill",
     "__and__", "__or__", "__xor__", "__invert__", "__getitem__", "contiguous", "clone", "transpose", "permute",
     "flatten", "type_as", "logical_and", "logical_or", "logical_not", "tril", "triu", "repeat", "narrow",
+    # operators called as methods (`padding_mask.__eq__(...)`): dynamo records them as call_method
+    "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__", "__radd__", "__sub__", "__rsub__",
+    "__mul__", "__rmul__", "__floordiv__", "__mod__", "__neg__", "__rand__", "__ror__", "__rxor__",
 })
 
 
