@@ -24,6 +24,7 @@ import sympy
 import torch
 
 from wrapgen.kernels.cpp import epilogue_tiles
+from wrapgen.kernels.cpp.loop_split import emit_in_ranges, split_ranges
 from wrapgen.kernels.cpp.printer import cpp_index
 from wrapgen.kernels.cpp.row_cache import plan_row_cache
 from wrapgen.kernels.cpp.row_offsets import hoist_row_offsets
@@ -370,10 +371,16 @@ class CppKernelCodegen:
         parallel = self._parallel_clause(work)
         xs, local, memo = row_vars(len(g.rows)), {}, {}
         tile = epilogue_tiles.tile_size(self)
+        ranges = None  # the innermost loop of a pointwise kernel, split where its body selects by index
+        if xs and not g.reduced and tile is None and all(kind == "row" for kind, _ in self.items):
+            ranges = split_ranges([m.node.body for _, ms in self.items for m in ms], xs[-1], g.rows[-1])
         for d, (x, extent) in enumerate(zip(xs, g.rows)):
             last = d == len(xs) - 1
             if not g.reduced and last:
                 pragma = f"#pragma omp parallel for simd{parallel}" if d == 0 and parallel is not None else "#pragma omp simd"
+                if ranges is not None:
+                    emit_in_ranges(body, x, ranges, pragma, lambda: self._rows(dict(memo), dict(local), body))
+                    break
                 body.line(pragma)
             elif d == 0 and parallel is not None:
                 collapse = len(xs) if g.reduced else len(xs) - 1
@@ -389,7 +396,18 @@ class CppKernelCodegen:
             body.depth += 1
         for cached in self.row_cache.values():
             body.line(f"alignas(64) {ctype(cached.body.dtype)} {cached.array}[{self.size(sympy.Mul(*g.reduced))}];")
-        for item, (kind, ms) in enumerate(self.items if tile is None else ()):
+        if ranges is None:
+            self._rows(memo, local, body, self.items if tile is None else ())
+        if tile is not None:
+            epilogue_tiles.emit(self, xs[-1], int(g.rows[-1]), tile, memo, local, body, ctype)
+        for _ in range(max(len(xs), 1) - (ranges is not None)):
+            body.depth -= 1
+            body.line("}")
+        return self._finish(body)
+
+    def _rows(self, memo: dict, local: dict[str, str], body: _Writer, items: list | tuple | None = None) -> None:
+        """The items' code inside the row loops: each row member stored, each segment run."""
+        for item, (kind, ms) in enumerate(self.items if items is None else items):
             self.current_item = item
             if kind == "row":
                 m = ms[0]
@@ -398,12 +416,6 @@ class CppKernelCodegen:
                 self.store(m, var, body, memo, local)
             else:
                 self.segment(ms, memo, local, body)
-        if tile is not None:
-            epilogue_tiles.emit(self, xs[-1], int(g.rows[-1]), tile, memo, local, body, ctype)
-        for _ in range(max(len(xs), 1)):
-            body.depth -= 1
-            body.line("}")
-        return self._finish(body)
 
     def _parallel_clause(self, work: sympy.Expr) -> str | None:
         if not self.group.rows:
@@ -446,12 +458,27 @@ class CppKernelCodegen:
         rs = red_vars(len(self.group.reduced))
         self.hoisted = hoist_row_offsets(self, members, rs, w)
         ordered = any(m.node.reduction in ARG_REDUCTIONS for m in reductions)  # first index wins: no simd
+        ranges = split_ranges([m.node.body for m in members], rs[-1], self.group.reduced[-1]) if rs else None
         for d, (r, extent) in enumerate(zip(rs, self.group.reduced)):
+            if d == len(rs) - 1 and ranges is not None:  # the innermost loop in pieces, in order
+                pragma = None if ordered else " ".join(["#pragma omp simd", *clauses])
+                emit_in_ranges(w, r, ranges, pragma, lambda: self._inner(members, accs, dict(memo), dict(local), w))
+                break
             if d == len(rs) - 1 and not ordered:
                 w.line(" ".join(["#pragma omp simd", *clauses]))
             w.line(f"for (int64_t {r} = 0; {r} < {self.size(extent)}; ++{r}) {{")
             w.depth += 1
-        inner_memo, inner_local = dict(memo), dict(local)
+        else:
+            self._inner(members, accs, dict(memo), dict(local), w)
+        for _ in rs[:-1] if ranges is not None else rs:
+            w.depth -= 1
+            w.line("}")
+        self.hoisted = {}  # its locals end with the segment's block
+        self._finish_segment(reductions, results, accs, local, w)
+
+    def _inner(self, members: list[Member], accs: dict[str, tuple[str, str | None]], inner_memo: dict,
+               inner_local: dict[str, str], w: _Writer) -> None:
+        """The body of a segment's innermost loop: inner members stored, reductions accumulated."""
         for m in members:
             var = self.value(m.node.body, inner_memo, inner_local, w)
             if m.level == "inner":
@@ -468,10 +495,9 @@ class CppKernelCodegen:
             w.line(_REDUCE[m.node.reduction][1].format(acc=acc, v=var, A=ctype(m.node.acc_dtype)))
             if nan is not None:
                 w.line(f"{nan} |= ({var} != {var});")
-        for _ in rs:
-            w.depth -= 1
-            w.line("}")
-        self.hoisted = {}  # its locals end with the segment's block
+
+    def _finish_segment(self, reductions: list[Member], results: dict[str, str],
+                        accs: dict[str, tuple[str, str | None]], local: dict[str, str], w: _Writer) -> None:
         for m in reductions:
             acc, nan = accs[m.node.name]
             t = ctype(m.node.dtype)
