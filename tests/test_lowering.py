@@ -311,6 +311,6 @@ def test_a_pooled_value_read_from_several_tensors_is_computed_once_before_the_wi
 
     a, b = torch.randn(2, 4, 9, 9), torch.randn(2, 4, 9, 9)
     program = wrapgen.lower(pool_of_sum, (a, b))
-    calls = lines_of(program, KernelCall)  # the sum's kernel, then the pool's (unrolled 3x3: pointwise)
-    assert len(calls) == 2 and "args_0" not in calls[-1].uses(), str(program)  # the pool reads the sum, in memory
+    pooling = [call for call in lines_of(program, KernelCall) if "avg_pool2d" in call.kernel]
+    assert pooling and all("args_0" not in call.uses() for call in pooling), str(program)  # reads the sum, in memory
     torch.testing.assert_close(wrapgen.compile(pool_of_sum, (a, b))(a, b), pool_of_sum(a, b))

@@ -1,6 +1,8 @@
-"""Pooling windows (wrapgen/lowering/loop_ops/pooling.py): a window of at most UNROLLED_WINDOW_LIMIT
-taps is one pointwise value combining its taps; a larger one stays a window reduction. Both agree
-with eager on every target, padding, count_include_pad, divisor_override and NaN included."""
+"""Pooling windows (wrapgen/lowering/loop_ops/pooling.py): in Triton kernels a window of at most
+UNROLLED_WINDOW_LIMIT taps is one pointwise value combining its taps, a larger one a window
+reduction; C++ kernels keep the reduction (its column form). Both agree with eager on every target,
+padding, count_include_pad, divisor_override and NaN included; Triton runs here under
+TRITON_INTERPRET, as in CI."""
 
 from __future__ import annotations
 
@@ -44,33 +46,38 @@ def test_pools_match_eager(case, target):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_small_windows_are_pointwise_and_large_ones_reductions(case):
-    program = wrapgen.lower(CASES[case], (torch.randn(2, 5, 11, 9),))
+def test_small_windows_are_pointwise_in_triton_and_large_ones_reductions(case):
+    x = torch.randn(2, 5, 11, 9)
+    with wrapgen.config.patch(cpu_kernels="triton"):
+        program = wrapgen.lower(CASES[case], (x,))
     large = "5x5" in case
     assert 25 > UNROLLED_WINDOW_LIMIT >= 9
     assert bool(_reductions(program)) == large, str(program)
+    assert _reductions(wrapgen.lower(CASES[case], (x,))), "C++ kernels keep the window reduction"
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_an_unrolled_max_pool_propagates_nan_as_eager(target):
+@pytest.mark.parametrize("target", ["python", "interpret"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_triton_pools_match_eager(case, target):
+    fn = CASES[case]
+    x = torch.randn(2, 4, 9, 7).to(memory_format=torch.channels_last)
+    with wrapgen.config.patch(cpu_kernels="triton"):
+        compiled = wrapgen.compile(fn, (x,), target=target)
+    fresh = torch.randn_like(x)
+    torch.testing.assert_close(compiled(fresh), fn(fresh))
+
+
+@pytest.mark.parametrize("language", ["cpp", "triton"])
+def test_a_max_pool_propagates_nan_as_eager(language):
     def fn(x: torch.Tensor) -> torch.Tensor:
         return F.max_pool2d(x, 3, 1, 1)
 
     x = torch.randn(1, 2, 6, 6)
-    compiled = wrapgen.compile(fn, (x,), target=target)
+    with wrapgen.config.patch(cpu_kernels=language):
+        compiled = wrapgen.compile(fn, (x,), target="python")
     x[0, 0, 2, 3] = float("nan")
     x[0, 1, 0, 0] = float("-inf")
     torch.testing.assert_close(compiled(x), fn(x), equal_nan=True)
-
-
-@pytest.mark.parametrize("target", ["python", "interpret"])
-def test_triton_kernels_on_the_cpu(target):
-    """The unrolled window through the Triton code generator (under TRITON_INTERPRET, as in CI)."""
-    fn = CASES["avg 3x3 s1 p1 excluding the padding"]
-    x = torch.randn(2, 4, 7, 7).to(memory_format=torch.channels_last)
-    with wrapgen.config.patch(cpu_kernels="triton"):
-        compiled = wrapgen.compile(fn, (x,), target=target)
-    torch.testing.assert_close(compiled(x), fn(x))
 
 
 @pytest.mark.cuda

@@ -42,19 +42,22 @@ def _pool_check(node: torch.fx.Node) -> bool:
     return all(u.target is operator.getitem and u.args[1] == 0 for u in node.users)
 
 
-# A window of at most this many taps is reduced by one pointwise value that combines its taps in
-# order, not by a reduction kernel: a reduction's block spans the window (9 of 16 lanes busy for
+# In Triton kernels a window of at most this many taps is one pointwise value that combines its
+# taps in order, not a reduction: a reduction's block spans the window (9 of 16 lanes busy for
 # 3x3) and, over channels-last maps, reads a few channels per tap across a warp. On an H200 a
 # PoolFormer pool over 32x64x56x56 bf16 took 296 us as a reduction and 31 us unrolled (a copy of
 # its input: 11 us), and the fused pool-and-residual of its third stage 92 -> 12 us; the pointwise
-# value also fuses into its readers as any elementwise op does (Inductor unrolls pools too).
+# value also fuses into its readers as any elementwise op does (Inductor unrolls pools too). C++
+# kernels keep the reduction, whose column form walks an NHWC window with the channels as the
+# vector loop: unrolled, the transformers ResNet's stem pool (batch norm and ReLU fused in, the
+# 2-core VM) took 41 us against its 18.
 UNROLLED_WINDOW_LIMIT = 16
 
 
 def _pool(ctx: LoopContext, window: LoopValue, kind: str, dtype: torch.dtype, origin: str) -> LoopValue:
     """`window` (sizes (*out, kh, kw)) reduced over its last two dims by `kind` (sum or max)."""
     kh, kw = (int(s) for s in window.sizes[-2:])
-    if kh * kw > UNROLLED_WINDOW_LIMIT:
+    if ctx.language != "triton" or kh * kw > UNROLLED_WINDOW_LIMIT:
         return ctx.reduce(window, (len(window.sizes) - 2, len(window.sizes) - 1), False, kind, dtype, origin)
     xs = row_vars(len(window.sizes))
     combined: Body | None = None
