@@ -133,6 +133,7 @@ def test_runs_of_different_code_merge_with_mixed_code(tmp_path: Path) -> None:
     paths = merge.main([str(first), str(second), "--mixed-code", "--out-dir", str(tmp_path / "page")])
     md = next(p for p in paths if p.suffix == ".md")
     assert md.name.endswith("-2222222.md"), md.name  # named after the latest code
+    assert "-training" not in md.name  # no training step among them
     merged = json.loads(md.with_suffix(".json").read_text())
     gpt2 = [r for r in merged["results"] if r["workload"] == "huggingface/gpt2"]
     assert len(gpt2) == 3 and {r["median_s"] for r in gpt2 if r["contender"] == "wrapgen[python]"} == {2.5e-4}
@@ -140,6 +141,13 @@ def test_runs_of_different_code_merge_with_mixed_code(tmp_path: Path) -> None:
     text = md.read_text()
     assert "## Code per model" in text and "- `1111111`: huggingface/bert" in text
     assert len(rerun["results"]) == 6
+
+
+def test_a_merged_page_with_training_steps_says_so_in_its_name(tmp_path: Path) -> None:
+    info = machine.collect("cpu")
+    inference, steps = _run("fp32", ["gpt2"], info, tmp_path), _run("fp32", ["gpt2-train"], info, tmp_path / "steps")
+    paths = merge.main([str(inference), str(steps), "--out-dir", str(tmp_path / "page")])
+    assert next(p for p in paths if p.suffix == ".md").name.startswith("suite-huggingface-fp32-small-training-cpu-")
 
 
 def test_a_training_step_runs_once_per_target() -> None:

@@ -16,6 +16,7 @@ from benchmarks.training import TrainingStep
 from benchmarks.workloads import Workload
 
 SUITES = ("huggingface", "timm", "torchvision")
+TRAINING_SUFFIX = "-train"  # a model's training-step row: `huggingface/gpt2-train`
 SIZES = ("small", "full")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # (rtol, atol x each output's largest magnitude), as benchmarks.model_suite judges the five families.
@@ -99,7 +100,7 @@ def workloads(chosen: list[Entry], size: str, dtype_name: str, training: bool) -
         if training and entry.trainable:
             rtol, atol = TOLERANCES[dtype_name]["training"]
             make = functools.partial(_training, entry, dtype)
-            found.append(Workload(f"{entry.key}-train", f"training step of {text}",
+            found.append(Workload(f"{entry.key}{TRAINING_SUFFIX}", f"training step of {text}",
                                   lambda device, _make=make, **_: _make(size, device),
                                   {size: {}}, rtol=rtol, atol=atol, atol_scaled=True, training=True))
     return found

@@ -86,10 +86,12 @@ def merge(runs: list[Report], mixed_code: bool = False) -> Report:
 
 
 def page_name(merged: Report) -> str:
+    """`suite-<suites>-<dtypes>-<size>[-training]`, as `run.suite_name` names a run of it all."""
     present = set(merged.extra.get("suites", {}).values())
     suites = "-".join(s for s in catalog.SUITES if any(p.split(" ")[0] == s for p in present))
     dtypes = merged.extra["dtype"].replace("/", "-")
-    return f"suite-{suites}-{dtypes}-{merged.extra.get('size')}"
+    training = any(w.split(" @")[0].endswith(catalog.TRAINING_SUFFIX) for w in merged.workloads)
+    return f"suite-{suites}-{dtypes}-{merged.extra.get('size')}" + ("-training" if training else "")
 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:
