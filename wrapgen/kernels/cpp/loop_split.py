@@ -76,12 +76,8 @@ def split_ranges(bodies: Iterable[Body], var: sympy.Symbol, extent: object) -> l
         return None
     compared: set[int] = set()
     clamped: set[int] = set()
-    seen: set[int] = set()
     for body in bodies:
         for node in walk(body):
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
             if isinstance(node, Apply) and node.op in _COMPARISONS and len(node.args) == 2:
                 point = _comparison_point(node, var)
                 if point is not None:
@@ -90,10 +86,10 @@ def split_ranges(bodies: Iterable[Body], var: sympy.Symbol, extent: object) -> l
                 clamped.update(_clamp_points(node.index, var))
             elif isinstance(node, IndexValue):
                 clamped.update(_clamp_points(node.expr, var))
-    inside = lambda points: {p for p in points if 0 < p < int(extent)}  # noqa: E731
-    if not inside(compared):
+    compared = {p for p in compared if 0 < p < int(extent)}
+    if not compared:
         return None  # no select on the index: clamps alone are cheap enough (a window's edges)
-    cuts = sorted(inside(compared) | inside(clamped))
+    cuts = sorted(compared | {p for p in clamped if 0 < p < int(extent)})
     if len(cuts) + 1 > MAX_RANGES:
         return None
     bounds = [0, *cuts, int(extent)]
