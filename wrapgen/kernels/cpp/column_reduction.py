@@ -20,7 +20,9 @@ them) held in `BLOCK`-wide arrays, which the next pass's sums read at their elem
 from __future__ import annotations
 
 import sympy
+import torch
 
+from wrapgen.kernels.cpp import lane_tiles
 from wrapgen.kernels.cpp.codegen import (
     _REDUCE,
     CppKernelCodegen,
@@ -34,6 +36,8 @@ from wrapgen.kernels.cpp.merged_reductions import merge_reduced
 from wrapgen.loop_ir import FusionGroup, Load, loads, red_vars, row_vars
 
 BLOCK = 16  # output elements per block: one or two vector registers of float
+WIDE_VECTORS = 8  # vector registers of sums in a small product's block (see `block_width`)
+WIDE_WORK = 1 << 20  # multiply-adds up to which a kernel is small (one thread, weights in L2)
 KINDS = ("sum", "prod", "max", "min")  # reductions a block of accumulators can carry
 
 
@@ -94,26 +98,55 @@ def _coefficient(load: Load, var: sympy.Symbol) -> int | None:
     return int(step) if step.is_Integer else None
 
 
+def block_width(group: FusionGroup) -> int:
+    """Output elements per block. A small matrix-vector product over a K-major weight (a vector
+    times a [K, N] matrix: graph_passes/product_weights.py lays linear layers' weights out so for
+    them) is a column sum whose block of 16 leaves two vector accumulators, each a chain of K
+    dependent multiply-adds: latency-bound. A block of `WIDE_VECTORS` vectors keeps eight chains
+    in flight, which streams the weight at about the speed of L2 (the demo's 256x64 product with
+    its GELU: 2.3 us row-major with lane tiles, 1.2 us so, on the 2-core Zen 3 VM). It is taken
+    for single-pass float sums whose static kept extent is a multiple of the block and whose work
+    is small enough to run on one thread; anything else keeps `BLOCK`."""
+    width = WIDE_VECTORS * lane_tiles.lanes(torch.float32)
+    extent = sympy.sympify(group.rows[-1])
+    work = sympy.Mul(*group.rows, *group.reduced)
+    sums = [m for m in group.members if m.level == "reduction"]
+    order = passes(group)
+    if not extent.is_Integer or int(extent) % width or not work.is_Integer or int(work) > WIDE_WORK:
+        return BLOCK
+    if order is None or max(order.values()) != 1 or any(m.node.reduction != "sum" for m in sums):
+        return BLOCK
+    if any(m.node.acc_dtype != torch.float32 for m in sums) or any(m.node.store_indirect for m in group.members):
+        return BLOCK
+    if any(ld.indirect for m in group.members for ld in loads(m.node.body)):
+        return BLOCK
+    return width
+
+
 class ColumnReductionCodegen(CppKernelCodegen):
     """The column-blocked loop nest of `is_column_reduction` groups (see the module docstring)."""
 
     def generate(self) -> GeneratedKernel:
         g = self.group
         self.row_cache = {}  # one pass over the reduced elements: nothing to carry between passes
+        self.block = block_width(g)
         body = _Writer()
         xs = row_vars(len(g.rows))
         x0 = xs[-1]  # the blocked dimension; the others are plain outer loops
         extent = self.size(g.rows[-1])
-        parallel = self._parallel_clause(sympy.Mul(*g.rows, *g.reduced))
+        parallel = None if self.block != BLOCK else self._parallel_clause(sympy.Mul(*g.rows, *g.reduced))
         if parallel is not None:
             collapse = f" collapse({len(xs)})" if len(xs) > 1 else ""
             body.line(f"#pragma omp parallel for{collapse}{parallel}")
         for x, outer in zip(xs[:-1], g.rows[:-1]):
             body.line(f"for (int64_t {x} = 0; {x} < {self.size(outer)}; ++{x}) {{")
             body.depth += 1
-        body.line(f"for (int64_t xb = 0; xb < {extent}; xb += {BLOCK}) {{")
+        body.line(f"for (int64_t xb = 0; xb < {extent}; xb += {self.block}) {{")
         body.depth += 1
-        body.line(f"const int64_t xe = std::min<int64_t>(xb + {BLOCK}, {extent});")
+        if self.block == BLOCK:
+            body.line(f"const int64_t xe = std::min<int64_t>(xb + {BLOCK}, {extent});")
+        else:  # whole blocks: a constant trip count, so the accumulators live in registers
+            body.line(f"const int64_t xe = xb + {self.block};")
         order = passes(g)
         assert order is not None
         read = {ld.buffer for m in g.members for ld in loads(m.node.body)}
@@ -122,7 +155,7 @@ class ColumnReductionCodegen(CppKernelCodegen):
             if m.node.name in read and max(order.values()) > 1:
                 held[m.node.name] = f"blk{self.tmp()}"
                 value_dtype = m.node.dtype if m.level == "reduction" else m.node.body.dtype
-                body.line(f"{ctype(value_dtype)} {held[m.node.name]}[{BLOCK}];")
+                body.line(f"{ctype(value_dtype)} {held[m.node.name]}[{self.block}];")
         for number in range(1, max(order.values()) + 1):
             self._pass(g, number, order, held, x0, body)
         for _ in range(len(xs)):
@@ -142,10 +175,10 @@ class ColumnReductionCodegen(CppKernelCodegen):
             kind, acc_type = m.node.reduction, ctype(m.node.acc_dtype)
             init = _REDUCE[kind][0] or _extreme(m.node.acc_dtype, kind)
             if init == "0":
-                body.line(f"{acc_type} {acc}[{BLOCK}] = {{}};")
+                body.line(f"alignas(64) {acc_type} {acc}[{self.block}] = {{}};")
             else:
-                body.line(f"{acc_type} {acc}[{BLOCK}];")
-                body.line(f"std::fill_n({acc}, {BLOCK}, {acc_type}({init}));")
+                body.line(f"{acc_type} {acc}[{self.block}];")
+                body.line(f"std::fill_n({acc}, {self.block}, {acc_type}({init}));")
             if kind in ("max", "min"):
                 nans[m.node.name] = f"nan{self.tmp()}"
                 body.line(f"int {nans[m.node.name]}[{BLOCK}] = {{}};")
@@ -166,6 +199,8 @@ class ColumnReductionCodegen(CppKernelCodegen):
         for _ in range(len(g.reduced) + 1):
             body.depth -= 1
             body.line("}")
+        if self.block != BLOCK:  # element-wise work on whole blocks: libmvec serves its exp/erf
+            body.line("#pragma omp simd")
         body.line(f"for (int64_t {x0} = xb; {x0} < xe; ++{x0}) {{")
         body.depth += 1
         local: dict[str, str] = dict(earlier)
