@@ -11,6 +11,7 @@ tensor handles per call): `load_package(path, interface="arrayref")`, docs/cpp-t
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -63,6 +64,8 @@ def aot_compile(
     from wrapgen.lowering.lower import lower_captured
 
     captured = _capture(model, example_inputs, dynamic)
+    # the package ships its own copy of every constant (weights.bin): their layout is its to choose
+    captured = dataclasses.replace(captured, owned=frozenset(captured.constants))
     program = optimize(lower_captured(captured), "cpp")
     emitter = CppEmitter()
     if arrayref:
@@ -115,6 +118,7 @@ class PackagedModel:
         self._inputs = self.metadata["inputs"]
         self._in_spec = pytree.treespec_loads(self.metadata["in_spec"]) if self.metadata.get("in_spec") else None
         self._origins = {c["origin"] or c["name"]: c["name"] for c in self.metadata["constants"]}
+        self._permutations = {c["name"]: tuple(c["permutation"]) for c in self.metadata["constants"] if c.get("permutation")}
         self._flat = self._in_spec is None or _flat_positional(self._in_spec)  # known once, not per call
         from wrapgen.compiled import OutputShape
 
@@ -163,7 +167,9 @@ class PackagedModel:
         for key, value in weights.items():
             name = self._origins.get(key, key)
             names.append(name)
-            tensors.append(value.detach())
+            # in the model's layout; a constant the compiler permuted (a K-major weight) takes it so
+            permutation = self._permutations.get(name)
+            tensors.append(value.detach().permute(permutation).contiguous() if permutation else value.detach())
         handles = _to_handles(tensors) if tensors else []
         try:
             self._model.update_constants(dict(zip(names, handles)))  # checks names and shapes

@@ -32,7 +32,11 @@ class CapturedGraph:
     placeholders (and get_attr targets) to (origin, tensor); `mutations` maps an output
     position to the placeholder whose storage it must be written back into; `frozen` names the
     constants whose value cannot change between calls (tensors the traced code made from Python
-    data, which torch.export lifts), unlike parameters and buffers, held by reference.
+    data, which torch.export lifts), unlike parameters and buffers, held by reference; `owned`
+    names the constants the compiled program keeps its own copy of (an AOT package's weights
+    file), whose layout is the program's to choose; `permuted` maps a constant made from another
+    by a permutation (graph_passes/product_weights.py) to that permutation: its tensor is the
+    origin's value permuted and made contiguous.
     """
 
     graph_module: torch.fx.GraphModule
@@ -44,6 +48,8 @@ class CapturedGraph:
     output_kind: str = "tuple"  # for graphs without out_spec: "tuple" | "list" | "single"
     traced: bool = False  # torch.export traced it from the model: it can be traced again at other sizes
     frozen: frozenset[str] = frozenset()
+    owned: frozenset[str] = frozenset()
+    permuted: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 class _FunctionModule(torch.nn.Module):
@@ -78,6 +84,8 @@ def with_graph(captured: CapturedGraph, graph: torch.fx.Graph) -> CapturedGraph:
         constants={names.get(k, k): v for k, v in captured.constants.items()},
         mutations={i: names.get(n, n) for i, n in captured.mutations.items()},
         frozen=frozenset(names.get(n, n) for n in captured.frozen),
+        owned=frozenset(names.get(n, n) for n in captured.owned),
+        permuted={names.get(k, k): v for k, v in captured.permuted.items()},
     )
 
 

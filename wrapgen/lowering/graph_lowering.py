@@ -235,7 +235,7 @@ class GraphLowering:
             name = self.claim(node_name)
             fake = node.meta.get("val")
             type_ = self.tensor_type(fake if isinstance(fake, torch.Tensor) else tensor)
-            constants.append(Constant(name, type_, origin, tensor))
+            constants.append(Constant(name, type_, origin, tensor, self.captured.permuted.get(node_name)))
             self.values[node] = Buffer(name, type_, name, sympy.Integer(0), True)
         return constants
 

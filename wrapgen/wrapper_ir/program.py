@@ -56,17 +56,25 @@ class Constant:
     """A tensor the program owns (parameter, buffer, lifted constant).
 
     `value` travels with the program so targets can embed or ship it; it takes no part in
-    comparison or the text form.
+    comparison or the text form. `permutation`, when set, says the constant is its origin's
+    tensor permuted so and made contiguous (a layout the compiler chose: a K-major weight), so
+    whatever hands the program a new value for the origin lays it out the same way.
     """
 
     name: str
     type: TensorType
     origin: str = ""
     value: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    permutation: tuple[int, ...] | None = None
 
     def format(self) -> str:
         origin = f"  # {self.origin}" if self.origin and self.origin != self.name else ""
-        return f"{self.name}: {self.type}{origin}"
+        made = f" = permute({self.origin or '?'}, {list(self.permutation)}).contiguous()" if self.permutation else ""
+        return f"{self.name}: {self.type}{made}{origin}"
+
+    def laid_out(self, value: torch.Tensor) -> torch.Tensor:
+        """A new value of the origin, in this constant's layout."""
+        return value.permute(self.permutation).contiguous() if self.permutation else value
 
 
 @dataclass(frozen=True)

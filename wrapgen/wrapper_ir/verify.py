@@ -31,8 +31,8 @@ from wrapgen.wrapper_ir.lines import (
 )
 from wrapgen.wrapper_ir.multi_kernel import MultiKernelCall
 from wrapgen.wrapper_ir.passes.state_versions import StateVersions, state_storages
-from wrapgen.wrapper_ir.program import Program, TensorInput
-from wrapgen.wrapper_ir.values import ResultTypeLike, TensorType, dtype_name
+from wrapgen.wrapper_ir.program import Constant, Program, TensorInput
+from wrapgen.wrapper_ir.values import ResultTypeLike, TensorType, contiguous_strides, dtype_name
 
 
 class VerificationError(ValueError):
@@ -57,6 +57,22 @@ class _State:
     in_flight: InFlight
 
 
+def _check_permuted(const: Constant) -> None:
+    """A constant made by permuting its origin (Constant.permutation) is contiguous, its
+    permutation one of its dimensions, and its value (where it has one) of its sizes."""
+    perm = const.permutation
+    if perm is None:
+        return
+    sizes = const.type.sizes
+    where = f"constant {const.name}"
+    if sorted(perm) != list(range(len(sizes))):
+        raise VerificationError(0, None, f"{where}: permutation {list(perm)} is not one of its {len(sizes)} dimensions")
+    if const.type.strides is not None and tuple(const.type.strides) != tuple(contiguous_strides(sizes)):
+        raise VerificationError(0, None, f"{where}: a permuted constant is contiguous, not strides {const.type.strides}")
+    if const.value is not None and (tuple(const.value.shape) != tuple(sizes) or not const.value.is_contiguous()):
+        raise VerificationError(0, None, f"{where}: its value is {tuple(const.value.shape)}, not contiguous {sizes}")
+
+
 def verify(program: Program) -> Program:
     """Raise VerificationError for the first malformed line; return the program unchanged."""
     state = _State(live={}, defined_at={}, freed_at={}, bound=set(), kernels=set(), constants=set(), in_flight=InFlight())
@@ -65,6 +81,7 @@ def verify(program: Program) -> Program:
     for const in program.constants:
         _define_header(state, const.name, const.type)
         state.constants.add(const.name)
+        _check_permuted(const)
     input_types = {i.name: i.type for i in program.inputs if isinstance(i, TensorInput)}
     later_definitions = {name: n for n, line in enumerate(program.lines, 1) for name in line.defines()}
 

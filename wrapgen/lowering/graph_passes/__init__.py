@@ -28,6 +28,7 @@ from wrapgen.lowering.graph_passes.dead_code import remove_dead_code
 from wrapgen.lowering.graph_passes.inplace_ops import split_inplace_ops
 from wrapgen.lowering.graph_passes.input_free import fold_input_free_values
 from wrapgen.lowering.graph_passes.pipeline import GraphPass, run_passes
+from wrapgen.lowering.graph_passes.product_weights import kmajor_product_weights
 from wrapgen.lowering.graph_passes.reinplace import scatter_in_place
 from wrapgen.lowering.graph_passes.state_write_order import order_state_writes
 from wrapgen.lowering.graph_passes.traced_masks import drop_traced_masks
@@ -86,6 +87,8 @@ ATEN_PASSES: tuple[GraphPass, ...] = (
     # a transposed copy made only for a matrix product: made in its source's order instead
     GraphPass("transposed_operands", (), copy_matmul_operands_in_order),
     # The rest only with generated kernels: they pay when their work fuses into one.
+    # owned CPU weights read only by products of a few rows: K-major, summed down columns
+    GraphPass("product_weights", ("kernels",), kmajor_product_weights),
     # CUDA addmm read only by pointwise ops: mm, its bias added by the kernel reading it
     GraphPass("addmm_bias", ("kernels", "bias_in_kernels"), bias_into_readers),
     # CUDA convolution read only by generated kernels: no bias, added by the kernels reading it
