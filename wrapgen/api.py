@@ -57,25 +57,26 @@ def resolve_target(target: str | None) -> str:
     return name
 
 
-def optimize(program: Program, target: str | None = None, static_inputs: Sequence[str] = ()) -> Program:
+def optimize(program: Program, target: str | None = None) -> Program:
     """The configured passes, then the verifier: what every emitter is handed.
 
-    `target` picks the CUDA-graph rule for library ops (`cuda_graphs`), `static_inputs` the
-    program inputs the caller keeps at fixed addresses (parameters under torch.compile)."""
+    `target` picks the CUDA-graph rule for library ops (`cuda_graphs`); the program's static
+    inputs (parameters under torch.compile) are used in place by its graphs."""
     config.snapshot()
     if config.check_finite:
         program = add_finite_checks(program)
     program = schedule_collectives(verify(program), config.overlap_collectives)
     program = plan_memory(verify(program), config.memory_planning)
     if config.cuda_graphs and not config.sanitize:  # the sanitizer's checks read memory on the host
-        program = partition_for_target(verify(program), target, static_inputs)
+        program = partition_for_target(verify(program), target)
     return verify(program)
 
 
-def partition_for_target(program: Program, target: str | None, static_inputs: Sequence[str] = ()) -> Program:
+def partition_for_target(program: Program, target: str | None) -> Program:
     """The graph-partition pass with the target's rule for which library ops a graph may hold."""
     emitter = get_backend(resolve_target(target))
-    return partition_graphs(program, static_inputs, blocker=getattr(emitter, "cuda_graph_op_blocker", None))
+    return partition_graphs(program, program.static_input_names(),
+                            blocker=getattr(emitter, "cuda_graph_op_blocker", None))
 
 
 def _emit(program: Program, target: str) -> CompiledArtifact:

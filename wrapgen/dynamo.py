@@ -20,6 +20,7 @@ import torch.fx
 
 from wrapgen import config
 from wrapgen.size_hints import ExampleSizeProgram, aten_graph_at_hints, symbolic_products
+from wrapgen.wrapper_ir.program import TensorInput
 
 
 def compile_aten_graph(gm: torch.fx.GraphModule, name: str, target: str | None = None) -> Callable[[list], Any]:
@@ -39,7 +40,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, name: str, target: str | None =
     with unset_fake_temporarily():
         lowered = lower_captured(capture_aten_graph(gm), name)
         target = resolve_target(target)
-        program = optimize(lowered, target, _static_inputs(gm, lowered, name) if config.cuda_graphs else ())
+        program = optimize(lowered.with_static_inputs(_static_inputs(gm, lowered, name)), target)
         at_hints = config.max_autotune and bool(symbolic_products(program))
         pending = _FORWARDS_TO_FINISH.get() if name == "forward" and not at_hints else None
         if pending is not None:  # its kernels compile while aot_autograd has the backward lowered
@@ -144,7 +145,7 @@ def _with_program_at_hints(dynamic_call: Callable[[list], Any], dynamic_program:
             return dynamic_call  # a data-dependent size: there is no size to measure at
         static_gm, example = traced
         lowered = lower_captured(capture_aten_graph(static_gm), f"{name}_at_hints")
-        static_program = optimize(lowered, target, _static_inputs(gm, lowered, name) if config.cuda_graphs else ())
+        static_program = optimize(lowered.with_static_inputs(_static_inputs(gm, lowered, name)), target)
         at_hints = ExampleSizeProgram(_emit(static_program, target).call, example)
     except Exception as err:  # noqa: BLE001 - the dynamic program is correct at every size
         warnings.warn(f"max_autotune: no {name} program at the size hints ({type(err).__name__}: {err}); every "
@@ -161,8 +162,9 @@ def _with_program_at_hints(dynamic_call: Callable[[list], Any], dynamic_program:
 
 def _static_inputs(gm: torch.fx.GraphModule, program: Any, name: str) -> list[str]:
     """Names of the forward graph's inputs that are parameters and buffers (aot_autograd's
-    static_input_indices): CUDA graphs use them in place, keyed by address, instead of copying
-    them each call. The backward's inputs are activations: none is static there."""
+    static_input_indices), marked static in its program: CUDA graphs use them in place, keyed by
+    address, instead of copying them each call, and the python target keeps their views between
+    calls. The backward's inputs are activations: none is static there."""
     if name == "backward":
         return []
     context = torch._guards.TracingContext.try_get()
@@ -172,7 +174,7 @@ def _static_inputs(gm: torch.fx.GraphModule, program: Any, name: str) -> list[st
     names = program.input_names()
     if len(placeholders) != len(names):
         return []
-    return [names[i] for i in indices if 0 <= i < len(names)]
+    return [names[i] for i in indices if 0 <= i < len(names) and isinstance(program.inputs[i], TensorInput)]
 
 
 def wrapgen_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict[str, Any] | None = None) -> Callable:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import sympy
@@ -13,13 +14,18 @@ from wrapgen.wrapper_ir.values import Arg, TensorType
 
 @dataclass(frozen=True)
 class TensorInput:
-    """A tensor argument of `call(args)`; sizes and strides are expressions of size symbols."""
+    """A tensor argument of `call(args)`; sizes and strides are expressions of size symbols.
+
+    `static`: the caller hands the same storage at the same address on every call (a parameter or
+    buffer that torch.compile lifts to an input), so what a program derives from it alone (a
+    weight's transposed view) may be kept between calls, checked by its address."""
 
     name: str
     type: TensorType
+    static: bool = False
 
     def format(self) -> str:
-        return f"{self.name}: {self.type}"
+        return f"{self.name}: {self.type}{'  static' if self.static else ''}"
 
 
 @dataclass(frozen=True)
@@ -72,10 +78,6 @@ class Constant:
         made = f" = permute({self.origin or '?'}, {list(self.permutation)}).contiguous()" if self.permutation else ""
         return f"{self.name}: {self.type}{made}{origin}"
 
-    def laid_out(self, value: torch.Tensor) -> torch.Tensor:
-        """A new value of the origin, in this constant's layout."""
-        return value.permute(self.permutation).contiguous() if self.permutation else value
-
 
 @dataclass(frozen=True)
 class Program:
@@ -111,6 +113,18 @@ class Program:
 
     def input_names(self) -> list[str]:
         return [i.name for i in self.inputs]
+
+    def static_input_names(self) -> list[str]:
+        return [i.name for i in self.inputs if isinstance(i, TensorInput) and i.static]
+
+    def with_static_inputs(self, names: Iterable[str]) -> Program:
+        """The program with `names` (tensor inputs) marked static."""
+        chosen = set(names)
+        unknown = chosen - {i.name for i in self.inputs if isinstance(i, TensorInput)}
+        if unknown:
+            raise ValueError(f"program {self.name}: no tensor input named {', '.join(sorted(unknown))}")
+        inputs = tuple(replace(i, static=True) if i.name in chosen else i for i in self.inputs)
+        return replace(self, inputs=inputs)
 
     def __str__(self) -> str:
         return format_program(self)

@@ -16,6 +16,7 @@ from wrapgen.backends.emitter import CompiledArtifact, Emitter
 from wrapgen.backends.python.cuda_graphs import PythonGraphRegions
 from wrapgen.backends.python.multi_kernel import PythonMultiKernelMixin
 from wrapgen.backends.python.runtime import BATCHED_INPUT_CHECKS
+from wrapgen.backends.python.static_views import PythonStaticViews
 from wrapgen.backends.sanitize import ProgramSanitizer
 from wrapgen.cache import load_python_module, write_cached
 from wrapgen.errors import UnsupportedLineError
@@ -91,7 +92,7 @@ def _evaluate_at_hints(shape: tuple, hints: dict) -> tuple[int, ...]:
     return tuple(int(sympy.sympify(e).xreplace(hints)) for e in shape)
 
 
-class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
+class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, PythonStaticViews, Emitter):
     """Emits a module with `call(args)` and `benchmark_compiled_module()`."""
 
     name = "python"
@@ -141,6 +142,7 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
         self.constant_views: dict[str, str] = {}  # name -> the view expression, made at load
         self.starts_storage: set[str] = set()  # buffers at storage offset 0 (Allocate, and reuses of them)
         self.types = program.value_types()
+        self.begin_static_views(program)
         names = ", ".join(program.input_names())
         # A device type the program uses one device of gets its fast paths (its device made
         # current on entry, then allocations on the current device); several devices of one
@@ -212,7 +214,8 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
             header.append("_sanitizer = None  # the program's ProgramSanitizer (config.sanitize), bound by the loader")
         header.append("# Constants (parameters and buffers), bound by the loader before the first call.")
         header += [f"{c.name} = None" for c in program.constants]
-        lines = header + ["", "", *self.constant_views_source(), "def call(args):"] + self.body + ["", ""]
+        lines = header + ["", "", *self.constant_views_source(), *self.static_views_source(), "def call(args):"]
+        lines += self.body + ["", ""]
         lines += self.graph_source() + self.benchmark_source(program)
         return "\n".join(lines) + "\n"
 
@@ -386,11 +389,14 @@ class PythonEmitter(PythonGraphRegions, PythonMultiKernelMixin, Emitter):
         self.writeline(f"del {', '.join([line.name, *views])}")
 
     def emit_reinterpret(self, line: Reinterpret) -> None:
-        view = f"_reinterpret({line.source}, {py_tuple(line.sizes)}, {py_tuple(line.strides)}, {py_expr(line.offset)})"
+        def view(source: str) -> str:
+            return f"_reinterpret({source}, {py_tuple(line.sizes)}, {py_tuple(line.strides)}, {py_expr(line.offset)})"
+
         if self._is_constant_view(line):
-            self.constant_views[line.name] = view
+            self.constant_views[line.name] = view(line.source)
             return
-        self.writeline(f"{line.name} = {view}")
+        if not self.kept_view(line, view):
+            self.writeline(f"{line.name} = {view(line.source)}")
 
     def _is_constant_view(self, line: Reinterpret) -> bool:
         """A static view of a constant (a weight's transpose for a matmul) is made once, when the

@@ -85,7 +85,7 @@ def partition_graphs(
     if any(isinstance(line, (GraphBegin, GraphEnd)) for line in program.lines):
         raise ValueError(f"program {program.name} is partitioned already")
     ctx = CaptureContext.of(program, blocker)
-    static = set(static_inputs) | {c.name for c in program.constants} | _written_inputs(program)
+    static = set(static_inputs) | {c.name for c in program.constants} | written_inputs(program)
     forced: set[int] = _returned_tail(program)
     for _ in range(len(program.lines) + 1):
         lines, problems = _partition(program, ctx, static, device_type, forced)
@@ -156,7 +156,7 @@ def _partition(
     return out, problems
 
 
-def _written_inputs(program: Program) -> set[str]:
+def written_inputs(program: Program) -> set[str]:
     """The inputs whose storage the program writes: state (optimizer moments and steps, a KV
     cache, running statistics). A graph uses them in place, keyed by address like parameters:
     a copy would take the write instead of the caller's tensor (so the writing line could not
