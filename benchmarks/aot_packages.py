@@ -28,13 +28,12 @@ import torch
 from torch.utils import _pytree as pytree
 
 import wrapgen
-from benchmarks import machine, models, step_rounds
-from benchmarks.arrayref import models as tiny_models
+from benchmarks import machine, step_rounds
+from benchmarks.arrayref import build_model
 from benchmarks.interleaved import interleave
 
 MODEL_NAMES = ("demo", "mlp", "gpt2", "bert", "resnet50")
 CONTENDERS = ("wrapgen", "wrapgen[arrayref]", "AOTInductor")
-TINY = {"demo": "demo (batch 1)", "mlp": "2-layer MLP 32-64-10 (batch 1)"}  # benchmarks.arrayref's names
 
 
 @dataclass
@@ -50,19 +49,6 @@ class Cell:
     @property
     def median_us(self) -> float | None:
         return statistics.median(self.round_us) if self.round_us else None
-
-
-def build_model(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
-    """The model in eval mode, its example inputs, and a line saying what it is: the two tiny
-    models of benchmarks.arrayref, or a model family's small configuration."""
-    if name in TINY:
-        model, x = tiny_models()[TINY[name]]
-        return model, (x,), TINY[name]
-    torch.manual_seed(0)
-    family = models.FAMILIES[name]
-    model, inputs = family.build("cpu", "small", torch.float32)
-    sizes = ", ".join(f"{k}={v}" for k, v in family.sizes["small"].items())
-    return model.eval(), tuple(inputs), f"{family.description}; small config: {sizes}"
 
 
 def _flat(out: Any) -> list[torch.Tensor]:

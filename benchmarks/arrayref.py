@@ -1,8 +1,12 @@
-"""The array-ref entry against the handle entry of one AOT package: the demo model at batch 1 and a
-2-layer MLP, from Python (median per call, the entries interleaved by round) and from the C++
-example (examples/arrayref_call.cpp, built here with g++).
+"""The array-ref entry against the handle entry of one AOT package: the demo model at batch 1, a
+2-layer MLP and the GPT-2 and BERT small configurations, from Python (median per call, the entries
+interleaved by round) and from the C++ example (examples/arrayref_call.cpp, built here with g++).
 
-    python -m benchmarks.arrayref [--rounds 11] [--calls 2000] [--cpp-calls 20000]
+    python -m benchmarks.arrayref [--models demo,mlp,gpt2,bert] [--rounds 11] [--calls 2000]
+        [--cpp-calls 20000]
+
+--calls and --cpp-calls are per round for the tiny models; a model whose call takes longer gets as
+many as fit in about a fifth of a second a round (at least 5).
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ import re
 import statistics
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
 import wrapgen
 from benchmarks.interleaved import interleave
+from benchmarks.models import FAMILIES
 from examples.demo import TinyBlock
 from wrapgen.backends.cpp.build import torch_library_dir
 from wrapgen.packaging import write_tensor_file
@@ -26,10 +32,32 @@ from wrapgen.packaging import write_tensor_file
 REPO = Path(__file__).resolve().parents[1]
 
 
+MODEL_NAMES = ("demo", "mlp", "gpt2", "bert")
+TINY = {"demo": "demo (batch 1)", "mlp": "2-layer MLP 32-64-10 (batch 1)"}
+ROUND_SECONDS = 0.2  # a larger model's calls per round: as many as fit in this
+
+
 def models() -> dict[str, tuple[torch.nn.Module, torch.Tensor]]:
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).eval()
-    return {"demo (batch 1)": (TinyBlock().eval(), torch.randn(1, 64)), "2-layer MLP 32-64-10 (batch 1)": (mlp, torch.randn(1, 32))}
+    return {TINY["demo"]: (TinyBlock().eval(), torch.randn(1, 64)), TINY["mlp"]: (mlp, torch.randn(1, 32))}
+
+
+def build_model(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
+    """The model in eval mode, its example inputs, and a line saying what it is: one of the two tiny
+    models, or a model family's small configuration (benchmarks.models)."""
+    if name in TINY:
+        model, x = models()[TINY[name]]
+        return model, (x,), TINY[name]
+    torch.manual_seed(0)
+    family = FAMILIES[name]
+    model, inputs = family.build("cpu", "small", torch.float32)
+    sizes = ", ".join(f"{k}={v}" for k, v in family.sizes["small"].items())
+    return model.eval(), tuple(inputs), f"{family.description}; small config: {sizes}"
+
+
+def _calls(seconds_per_call: float, tiny_calls: int, tiny: bool) -> int:
+    return tiny_calls if tiny else max(5, min(tiny_calls, int(ROUND_SECONDS / max(seconds_per_call, 1e-9))))
 
 
 def build_example(folder: Path) -> Path:
@@ -43,30 +71,41 @@ def build_example(folder: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", default="demo,mlp", help=f"comma-separated, of {', '.join(MODEL_NAMES)}")
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--cpp-calls", type=int, default=20000)
     args = parser.parse_args(argv)
+    chosen = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = sorted(set(chosen) - set(MODEL_NAMES))
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; models are {', '.join(MODEL_NAMES)}")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         binary = build_example(folder)
         print("| model | handle, Python (µs) | arrayref, Python (µs) | handle, C++ (µs) | arrayref, C++ (µs) | C++ ratio |")
         print("|---|---|---|---|---|---|")
-        for name, (model, x) in models().items():
-            slug = re.sub(r"\W+", "_", name)
+        for key in chosen:
+            model, inputs, name = build_model(key)
+            slug = re.sub(r"\W+", "_", key)
             with torch.no_grad():
-                path = wrapgen.aot_compile(model, (x,), folder / f"{slug}.wgpkg", arrayref=True)
+                path = wrapgen.aot_compile(model, inputs, folder / f"{slug}.wgpkg", arrayref=True)
             handle, arrayref = wrapgen.load_package(path), wrapgen.load_package(path, interface="arrayref")
-            torch.testing.assert_close(arrayref(x), handle(x), rtol=0, atol=0)
-            calls = {"handle": functools.partial(handle, x), "arrayref": functools.partial(arrayref, x)}
-            times = interleave(calls, "cpu", args.rounds, args.calls)
+            torch.testing.assert_close(arrayref(*inputs), handle(*inputs), rtol=0, atol=0)
+            start = time.perf_counter()
+            handle(*inputs)
+            per_call = time.perf_counter() - start
+            calls = {"handle": functools.partial(handle, *inputs), "arrayref": functools.partial(arrayref, *inputs)}
+            times = interleave(calls, "cpu", args.rounds, _calls(per_call, args.calls, key in TINY))
             py = {k: statistics.median(v) * 1e6 for k, v in times.items()}
-            write_tensor_file(folder / f"{slug}.bin", {"x": x})
-            done = subprocess.run([str(binary), path, str(folder / f"{slug}.bin"), str(args.cpp_calls), str(args.rounds)],
+            write_tensor_file(folder / f"{slug}.bin", {f"x{i}": x for i, x in enumerate(inputs)})
+            cpp_calls = _calls(per_call, args.cpp_calls, key in TINY)
+            done = subprocess.run([str(binary), path, str(folder / f"{slug}.bin"), str(cpp_calls), str(args.rounds)],
                                   check=True, capture_output=True, text=True)
             cpp = dict(re.findall(r"(handle|array-ref) entry: +([\d.]+) us/call", done.stdout))
             h, a = float(cpp["handle"]), float(cpp["array-ref"])
-            print(f"| {name} | {py['handle']:.2f} | {py['arrayref']:.2f} | {h:.2f} | {a:.2f} | {a / h:.2f}× |", flush=True)
+            label = name if key in TINY else f"{key} small ({name.split('small config: ')[-1]})"
+            print(f"| {label} | {py['handle']:.2f} | {py['arrayref']:.2f} | {h:.2f} | {a:.2f} | {a / h:.2f}× |", flush=True)
     return 0
 
 

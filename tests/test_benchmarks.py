@@ -375,7 +375,7 @@ def test_aot_package_benchmark_checks_and_times_wrapgen_and_aotinductor(tmp_path
 
 def test_aot_package_benchmark_marks_a_wrong_package(tmp_path: Path, monkeypatch) -> None:
     """A contender whose outputs differ from eager's is marked wrong and not timed."""
-    from benchmarks import aot_packages
+    from benchmarks import aot_packages, arrayref
 
     real = aot_packages._build
 
@@ -384,7 +384,7 @@ def test_aot_package_benchmark_marks_a_wrong_package(tmp_path: Path, monkeypatch
         return (lambda: call() + 1) if contender == "wrapgen" else call
 
     monkeypatch.setattr(aot_packages, "_build", off_by_one)
-    calls, cells = aot_packages.build_contenders("mlp", *aot_packages.build_model("mlp")[:2], tmp_path, ["wrapgen"])
+    calls, cells = aot_packages.build_contenders("mlp", *arrayref.build_model("mlp")[:2], tmp_path, ["wrapgen"])
     assert not calls and cells[0].status == "wrong" and cells[0].detail
 
 

@@ -21,6 +21,7 @@ def test_the_passes_in_order():
         ("constant_masks", ("constant_masks",)),
         ("attention_broadcast", ()),
         ("transposed_operands", ()),
+        ("product_weights", ("kernels",)),
         ("addmm_bias", ("kernels", "bias_in_kernels")),
         ("conv_bias", ("kernels", "bias_in_kernels")),
         ("reinplace", ("kernels",)),
@@ -92,9 +93,9 @@ def test_options_are_read_when_the_graph_is_compiled(tmp_path):
         wrapgen.lower(model, (x,))
     (files,) = _dumps(tmp_path).values()
     # the mask stays, made additive, and computed once at compile time (it reads no input)
-    assert list(files) == ["00-input.txt", "02-common_subexpressions.txt", "04-broadcast_bmm.txt", "14-attention_masks.txt",
-                           "15-input_free.txt"]
-    assert "scaled_dot_product" in files["15-input_free.txt"] and "arange" not in files["15-input_free.txt"]
+    assert list(files) == ["00-input.txt", "02-common_subexpressions.txt", "04-broadcast_bmm.txt", "15-attention_masks.txt",
+                           "16-input_free.txt"]
+    assert "scaled_dot_product" in files["16-input_free.txt"] and "arange" not in files["16-input_free.txt"]
 
 
 def test_no_dump_without_debug_dir_or_without_a_change(tmp_path):
