@@ -283,6 +283,21 @@ def test_copies_are_kernels(target: str, dtype: torch.dtype) -> None:
     check(copies, (torch.randn(3, 4, dtype=dtype), torch.randn(4, dtype=dtype)), target, dtype)
 
 
+def strided_copies(x, y):
+    """Assignments to strided slices (functionalized to slice_scatter with a step): every other
+    column from 1, every third row of a length three does not divide, and a negative start."""
+    w = x.clone()
+    w[:, 1::2] = y[:, :3]
+    w[::3] = 7.0
+    w[-5::2, 0] = y[:3, 0]
+    return w * 2
+
+
+@pytest.mark.parametrize("target, dtype", TARGET_DTYPES)
+def test_strided_slice_copies_are_kernels(target: str, dtype: torch.dtype) -> None:
+    check(strided_copies, (torch.randn(7, 6, dtype=dtype), torch.randn(7, 4, dtype=dtype)), target, dtype)
+
+
 def gathers(x, rows, cols):
     """x[rows, cols] with broadcasting index tensors, negative indices, and x[:, rows]."""
     return x[rows[:, None], cols[None, :]] * 2, x[:, rows] + 1

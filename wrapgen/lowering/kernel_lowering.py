@@ -42,6 +42,7 @@ from wrapgen.lowering.loop_ops.recompute import full_size_reads, numel
 from wrapgen.lowering.loop_order import reduction_order, reorder
 from wrapgen.lowering.multi_kernel import with_reduction_variants
 from wrapgen.lowering.mutation import MutationTracker, StateOrder, is_copy, writes_in_place, written_back
+from wrapgen.lowering.one_hot_sums import fold_one_hot_sum
 from wrapgen.lowering.scatter_store import is_scatter_in_place, store_scatter
 from wrapgen.lowering.scheduler import FusionGroup, cluster_members, schedule
 from wrapgen.wrapper_ir.lines import (
@@ -348,6 +349,8 @@ class KernelGraphLowering(GraphLowering):
     def reduce(self, value: LoopValue, dims: tuple[int, ...], keepdim: bool, kind: str, dtype: torch.dtype, origin: str) -> LoopValue:
         """`value` reduced over `dims` into a `dtype` result. The result of a half `dtype` is
         kept in float32 (its own buffer too) and rounded only where the op's output is stored."""
+        if (folded := fold_one_hot_sum(value, dims, keepdim, kind, dtype)) is not None:
+            return folded  # one nonzero term per row: no reduction (one_hot_sums.py)
         sizes = value.sizes
         kept = [d for d in range(len(sizes)) if d not in dims]
         rows = tuple(sizes[d] for d in kept)

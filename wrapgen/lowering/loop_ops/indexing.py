@@ -8,6 +8,7 @@ from __future__ import annotations
 import sympy
 import torch
 import torch.fx
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from wrapgen.loop_ir import Apply, Body, Const, IndexValue, Indirect, Load, LoopValue, compute_dtype, row_vars
 from wrapgen.lowering.loop_ops.common import (
@@ -177,7 +178,7 @@ def _index_tensor(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
 
 
 def _scatter_check(node: torch.fx.Node) -> bool:
-    """A functionalized `x[.., a:b] = src` (step 1) or `x[.., i] = src` with constant bounds."""
+    """A functionalized `x[.., a:b:s] = src` or `x[.., i] = src` with constant bounds and step."""
     source, src = fake(node.args[0]), fake(node.args[1])
     if not (isinstance(source, torch.Tensor) and isinstance(src, torch.Tensor) and source.dim() > 0):
         return False
@@ -189,7 +190,7 @@ def _scatter_check(node: torch.fx.Node) -> bool:
         index = arg(node, 3, "index")
         return isinstance(index, int) and (index >= 0 or isinstance(length, int))
     start, end, step = arg(node, 3, "start", None), arg(node, 4, "end", None), arg(node, 5, "step", 1)
-    if step != 1 or not all(v is None or isinstance(v, int) for v in (start, end)):
+    if not isinstance(step, int) or step < 1 or not all(v is None or isinstance(v, int) for v in (start, end)):
         return False
     negative = any(v is not None and v < 0 for v in (start, end))
     return not negative or isinstance(length, int)
@@ -198,7 +199,9 @@ def _scatter_check(node: torch.fx.Node) -> bool:
 @register("aten::slice_scatter.default", "aten::select_scatter.default", check=_scatter_check)
 def _scatter(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
     """self with the slice (or the selected index) along `dim` replaced by src: the elements in
-    the range read src (at an index clamped into it), the others self."""
+    the range (every step-th from start) read src (at an index clamped into it), the others self.
+    A strided slice is what the backward of GPT-J's interleaved rotary halves (`x[..., ::2]`)
+    scatters into; as a library call each was a copy of zeros and a strided copy."""
     out = out_fake(node)
     sizes = ctx.shape(out.shape)
     dim = arg(node, 2, "dim", 0) % len(sizes)
@@ -212,13 +215,18 @@ def _scatter(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
         inside: Body = Apply("eq", (_index(xs[dim]), _index(index)), torch.bool)
         taken = src.at((*xs[:dim], *xs[dim + 1:]))
     else:
-        start, end = arg(node, 3, "start", None), arg(node, 4, "end", None)
+        start, step = arg(node, 3, "start", None), arg(node, 5, "step", 1)
         start = 0 if start is None else (start + length if start < 0 else start)
-        width = src.sizes[dim]  # end - start clamped into self, as torch computed it
-        del end
+        width = src.sizes[dim]  # the slice's length clamped into self, as torch computed it
         inside = Apply("and", (Apply("ge", (_index(xs[dim]), _index(start)), torch.bool),
-                               Apply("lt", (_index(xs[dim]), _index(start + width)), torch.bool)), torch.bool)
-        position = sympy.Max(0, sympy.Min(xs[dim] - start, width - 1))
+                               Apply("lt", (_index(xs[dim]), _index(start + width * step)), torch.bool)), torch.bool)
+        offset = sympy.Max(0, xs[dim] - start)
+        if step == 1:
+            position = sympy.Min(offset, width - 1)
+        else:
+            on_step = Apply("eq", (_index(ModularIndexing(offset, 1, step)), _index(0)), torch.bool)
+            inside = Apply("and", (inside, on_step), torch.bool)
+            position = sympy.Min(FloorDiv(offset, step), width - 1)
         taken = src.at((*xs[:dim], position, *xs[dim + 1:]))
     kept = ctx.value(node.args[0]).body
     body = Apply("where", (inside, cast(taken, dtype), cast(kept, dtype)), dtype)
