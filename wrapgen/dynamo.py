@@ -20,7 +20,7 @@ import torch.fx
 
 from wrapgen import config
 from wrapgen.size_hints import ExampleSizeProgram, aten_graph_at_hints, symbolic_products
-from wrapgen.wrapper_ir.program import TensorInput
+from wrapgen.wrapper_ir.program import Program, TensorInput
 
 
 def compile_aten_graph(gm: torch.fx.GraphModule, name: str, target: str | None = None) -> Callable[[list], Any]:
@@ -40,7 +40,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, name: str, target: str | None =
     with unset_fake_temporarily():
         lowered = lower_captured(capture_aten_graph(gm), name)
         target = resolve_target(target)
-        program = optimize(lowered.with_static_inputs(_static_inputs(gm, lowered, name)), target)
+        program = optimize(_with_static_inputs(gm, lowered, name), target)
         at_hints = config.max_autotune and bool(symbolic_products(program))
         pending = _FORWARDS_TO_FINISH.get() if name == "forward" and not at_hints else None
         if pending is not None:  # its kernels compile while aot_autograd has the backward lowered
@@ -145,7 +145,7 @@ def _with_program_at_hints(dynamic_call: Callable[[list], Any], dynamic_program:
             return dynamic_call  # a data-dependent size: there is no size to measure at
         static_gm, example = traced
         lowered = lower_captured(capture_aten_graph(static_gm), f"{name}_at_hints")
-        static_program = optimize(lowered.with_static_inputs(_static_inputs(gm, lowered, name)), target)
+        static_program = optimize(_with_static_inputs(gm, lowered, name), target)
         at_hints = ExampleSizeProgram(_emit(static_program, target).call, example)
     except Exception as err:  # noqa: BLE001 - the dynamic program is correct at every size
         warnings.warn(f"max_autotune: no {name} program at the size hints ({type(err).__name__}: {err}); every "
@@ -160,13 +160,15 @@ def _with_program_at_hints(dynamic_call: Callable[[list], Any], dynamic_program:
     return call
 
 
-def _static_inputs(gm: torch.fx.GraphModule, program: Any, name: str) -> list[str]:
-    """Names of the forward graph's inputs that are parameters and buffers (aot_autograd's
-    static_input_indices), marked static in its program: CUDA graphs use them in place, keyed by
-    address, instead of copying them each call, and the python target keeps their views between
-    calls. The backward's inputs are activations: none is static there."""
-    if name == "backward":
-        return []
+def _with_static_inputs(gm: torch.fx.GraphModule, program: Program, name: str) -> Program:
+    """`program` with the forward graph's inputs that are parameters and buffers (aot_autograd's
+    static_input_indices) marked static: CUDA graphs use them in place, keyed by address, instead
+    of copying them each call, and the python target keeps their views between calls. The
+    backward's inputs are activations: none is static there."""
+    return program.with_static_inputs(_static_input_names(gm, program) if name != "backward" else ())
+
+
+def _static_input_names(gm: torch.fx.GraphModule, program: Program) -> list[str]:
     context = torch._guards.TracingContext.try_get()
     metadata = getattr(context, "fw_metadata", None) if context is not None else None
     indices = getattr(metadata, "static_input_indices", None) or []
