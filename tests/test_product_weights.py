@@ -1,5 +1,5 @@
 """K-major weights for small CPU products (lowering/graph_passes/product_weights.py) and the wide
-column-sum blocks that read them (kernels/cpp/column_reduction.py: block_width): owned weights
+column-sum blocks that read them (kernels/cpp/column_reduction.py: wide_block, chains): owned weights
 only, recorded as permuted constants, equal to eager on every target and through a package."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch
 import wrapgen
 from wrapgen.api import _capture
 from wrapgen.backends import registered_backends
+from wrapgen.kernels.cpp import column_reduction, lane_tiles
 from wrapgen.lowering.lower import lower_captured
 from wrapgen.wrapper_ir import KernelDefinition
 from wrapgen.wrapper_ir.program import Constant
@@ -93,6 +94,29 @@ def test_a_package_ships_k_major_weights_and_lays_new_weights_out_again(tmp_path
         model.load_state_dict(new)
         torch.testing.assert_close(handle(x), model(x))
         torch.testing.assert_close(arrayref(x), model(x))
+
+
+@pytest.mark.parametrize("outputs", [10, 16, 48, 64, 96])
+def test_narrow_products_sum_in_interleaved_chains_and_match_eager(outputs, tmp_path):
+    """A product narrower than a wide block cuts its reduced loop into chains (`chains`); 10
+    outputs are less than one vector, 48 and 96 no power of two."""
+    torch.manual_seed(outputs)
+    model = torch.nn.Sequential(torch.nn.Linear(48, 64), torch.nn.GELU(), torch.nn.Linear(64, outputs)).eval()
+    captured = _capture(model, (torch.randn(1, 48),), False)
+    program = verify(lower_captured(dataclasses.replace(captured, owned=frozenset(captured.constants))))
+    lanes = lane_tiles.lanes(torch.float32)
+    width = column_reduction.WIDE_VECTORS * lanes
+    block = outputs if outputs <= width else next(w for w in range(width, 0, -lanes) if outputs % w == 0)
+    expected = max(1, column_reduction.WIDE_VECTORS // -(-block // lanes))
+    expected = next(c for c in range(expected, 0, -1) if 64 % c == 0)
+    sources = [s for s in _kernels(program) if "rc < " in s or f"xb += {block})" in s]
+    if expected > 1:
+        assert any(f"rc < {expected};" in s for s in sources), _kernels(program)
+    with torch.no_grad():  # a package owns its weights: the K-major layout and the chained sums
+        compiled = wrapgen.load_package(wrapgen.aot_compile(model, (torch.randn(1, 48),), tmp_path / "p.wgpkg"))
+    for _ in range(3):
+        x = torch.randn(1, 48)
+        torch.testing.assert_close(compiled(x), model(x))
 
 
 def test_dynamic_rows_keep_the_layout():

@@ -25,6 +25,7 @@ import torch
 from wrapgen.kernels.cpp import lane_tiles
 from wrapgen.kernels.cpp.codegen import (
     _REDUCE,
+    PARALLEL_THRESHOLD,
     CppKernelCodegen,
     GeneratedKernel,
     _extreme,
@@ -98,29 +99,55 @@ def _coefficient(load: Load, var: sympy.Symbol) -> int | None:
     return int(step) if step.is_Integer else None
 
 
-def block_width(group: FusionGroup) -> int:
-    """Output elements per block. A small matrix-vector product over a K-major weight (a vector
-    times a [K, N] matrix: graph_passes/product_weights.py lays linear layers' weights out so for
-    them) is a column sum whose block of 16 leaves two vector accumulators, each a chain of K
-    dependent multiply-adds: latency-bound. A block of `WIDE_VECTORS` vectors keeps eight chains
-    in flight, which streams the weight at about the speed of L2 (the demo's 256x64 product with
-    its GELU: 2.3 us row-major with lane tiles, 1.2 us so, on the 2-core Zen 3 VM). It is taken
-    for single-pass float sums whose static kept extent is a multiple of the block and whose work
-    is small enough to run on one thread; anything else keeps `BLOCK`."""
-    width = WIDE_VECTORS * lane_tiles.lanes(torch.float32)
+def wide_block(group: FusionGroup) -> int | None:
+    """Output elements per block of a small product, None for others (they take `BLOCK`). A small
+    matrix-vector product over a K-major weight (a vector times a [K, N] matrix:
+    graph_passes/product_weights.py lays linear layers' weights out so for them) is a column sum
+    whose block of 16 leaves one or two vector accumulators, each a chain of K dependent
+    multiply-adds: latency-bound. A wide block (`WIDE_VECTORS` vectors; the whole row when it is
+    narrower; else the widest whole number of vectors that divides the row), with `chains` cutting
+    its reduced loop when it is narrow, keeps `WIDE_VECTORS` chains in flight, which streams the
+    weight at about the speed of L2 (the demo's 64x256 product with its GELU: 2.3 us row-major with
+    lane tiles, 1.2 us so, on a 2-core Zen 3 VM). It is taken for single-pass float sums whose
+    work is small enough to run on one thread (`WIDE_WORK` for whole wide blocks; a narrower one
+    only where `BLOCK` would not have run in parallel either)."""
+    lanes = lane_tiles.lanes(torch.float32)
+    wide = WIDE_VECTORS * lanes
     extent = sympy.sympify(group.rows[-1])
     work = sympy.Mul(*group.rows, *group.reduced)
     sums = [m for m in group.members if m.level == "reduction"]
     order = passes(group)
-    if not extent.is_Integer or int(extent) % width or not work.is_Integer or int(work) > WIDE_WORK:
-        return BLOCK
+    if not extent.is_Integer or not work.is_Integer or int(work) > WIDE_WORK:
+        return None
     if order is None or max(order.values()) != 1 or any(m.node.reduction != "sum" for m in sums):
-        return BLOCK
+        return None
     if any(m.node.acc_dtype != torch.float32 for m in sums) or any(m.node.store_indirect for m in group.members):
-        return BLOCK
+        return None
     if any(ld.indirect for m in group.members for ld in loads(m.node.body)):
-        return BLOCK
-    return width
+        return None
+    n = int(extent)
+    if n % wide == 0:
+        return wide
+    if int(work) >= PARALLEL_THRESHOLD:
+        return None  # `BLOCK` would run it on every thread: a narrower wide block keeps one
+    if n <= wide:
+        return n
+    return next((w for w in range(wide - lanes, 0, -lanes) if n % w == 0), None)
+
+
+def chains(group: FusionGroup, width: int) -> int:
+    """Interleaved partial sums per output element of a wide block narrower than `WIDE_VECTORS`
+    vectors (a 256x64 product's 64 columns are 4 AVX-512 vectors): its reduced loop is cut into
+    that many chains so that `WIDE_VECTORS` multiply-add chains are in flight either way (the
+    demo's 256x64 product: 0.85 -> 0.3 us on a 2-core Zen 5 VM). Each element's sum is then added
+    in another order than one chain's, as any blocked sum is. Needs one static reduced dimension
+    that the count divides."""
+    if len(group.reduced) != 1 or not sympy.sympify(group.reduced[0]).is_Integer:
+        return 1
+    lanes = lane_tiles.lanes(torch.float32)
+    want = max(1, WIDE_VECTORS // -(-width // lanes))
+    k = int(sympy.sympify(group.reduced[0]))
+    return next(c for c in range(max(1, min(want, k)), 0, -1) if k % c == 0)
 
 
 class ColumnReductionCodegen(CppKernelCodegen):
@@ -129,12 +156,15 @@ class ColumnReductionCodegen(CppKernelCodegen):
     def generate(self) -> GeneratedKernel:
         g = self.group
         self.row_cache = {}  # one pass over the reduced elements: nothing to carry between passes
-        self.block = block_width(g)
+        wide = wide_block(g)
+        self.block = wide or BLOCK
+        self.wide = wide is not None
+        self.chains = chains(g, wide) if wide else 1
         body = _Writer()
         xs = row_vars(len(g.rows))
         x0 = xs[-1]  # the blocked dimension; the others are plain outer loops
         extent = self.size(g.rows[-1])
-        parallel = None if self.block != BLOCK else self._parallel_clause(sympy.Mul(*g.rows, *g.reduced))
+        parallel = None if wide else self._parallel_clause(sympy.Mul(*g.rows, *g.reduced))
         if parallel is not None:
             collapse = f" collapse({len(xs)})" if len(xs) > 1 else ""
             body.line(f"#pragma omp parallel for{collapse}{parallel}")
@@ -143,7 +173,7 @@ class ColumnReductionCodegen(CppKernelCodegen):
             body.depth += 1
         body.line(f"for (int64_t xb = 0; xb < {extent}; xb += {self.block}) {{")
         body.depth += 1
-        if self.block == BLOCK:
+        if not wide:
             body.line(f"const int64_t xe = std::min<int64_t>(xb + {BLOCK}, {extent});")
         else:  # whole blocks: a constant trip count, so the accumulators live in registers
             body.line(f"const int64_t xe = xb + {self.block};")
@@ -174,7 +204,9 @@ class ColumnReductionCodegen(CppKernelCodegen):
             acc = accs[m.node.name] = f"acc{self.tmp()}"
             kind, acc_type = m.node.reduction, ctype(m.node.acc_dtype)
             init = _REDUCE[kind][0] or _extreme(m.node.acc_dtype, kind)
-            if init == "0":
+            if self.chains > 1:  # wide blocks hold single-pass sums only (`wide_block`)
+                body.line(f"alignas(64) {acc_type} {acc}[{self.chains}][{self.block}] = {{}};")
+            elif init == "0":
                 body.line(f"alignas(64) {acc_type} {acc}[{self.block}] = {{}};")
             else:
                 body.line(f"{acc_type} {acc}[{self.block}];")
@@ -182,9 +214,17 @@ class ColumnReductionCodegen(CppKernelCodegen):
             if kind in ("max", "min"):
                 nans[m.node.name] = f"nan{self.tmp()}"
                 body.line(f"int {nans[m.node.name]}[{BLOCK}] = {{}};")
-        for r, r_extent in zip(red_vars(len(g.reduced)), g.reduced):
-            body.line(f"for (int64_t {r} = 0; {r} < {self.size(r_extent)}; ++{r}) {{")
-            body.depth += 1
+        if self.chains > 1:  # one reduced dimension, cut into interleaved chains (`chains`)
+            (r,), c = red_vars(1), self.chains
+            body.line(f"for (int64_t rb = 0; rb < {self.size(g.reduced[0])}; rb += {c}) {{")
+            body.line(f"  #pragma GCC unroll {c}")
+            body.line(f"  for (int64_t rc = 0; rc < {c}; ++rc) {{")
+            body.line(f"    const int64_t {r} = rb + rc;")
+            body.depth += 2
+        else:
+            for r, r_extent in zip(red_vars(len(g.reduced)), g.reduced):
+                body.line(f"for (int64_t {r} = 0; {r} < {self.size(r_extent)}; ++{r}) {{")
+                body.depth += 1
         body.line("#pragma omp simd")
         body.line(f"for (int64_t {x0} = xb; {x0} < xe; ++{x0}) {{")
         body.depth += 1
@@ -192,14 +232,14 @@ class ColumnReductionCodegen(CppKernelCodegen):
         memo: dict = {}
         for m in sums:
             var = self.value(m.node.body, memo, dict(earlier), body)
-            slot = f"{accs[m.node.name]}[{x0} - xb]"
+            slot = f"{accs[m.node.name]}{'[rc]' if self.chains > 1 else ''}[{x0} - xb]"
             body.line(_REDUCE[m.node.reduction][1].format(acc=slot, v=var, A=ctype(m.node.acc_dtype)))
             if m.node.name in nans:
                 body.line(f"{nans[m.node.name]}[{x0} - xb] |= ({var} != {var});")
-        for _ in range(len(g.reduced) + 1):
+        for _ in range((2 if self.chains > 1 else len(g.reduced)) + 1):
             body.depth -= 1
             body.line("}")
-        if self.block != BLOCK:  # element-wise work on whole blocks: libmvec serves its exp/erf
+        if self.wide:  # element-wise work on whole blocks: libmvec serves its exp/erf
             body.line("#pragma omp simd")
         body.line(f"for (int64_t {x0} = xb; {x0} < xe; ++{x0}) {{")
         body.depth += 1
@@ -211,7 +251,9 @@ class ColumnReductionCodegen(CppKernelCodegen):
                 continue
             if m.level == "reduction":
                 var, t = self.tmp(), ctype(m.node.dtype)
-                result = f"static_cast<{t}>({accs[m.node.name]}[{x0} - xb])"
+                parts = [f"{accs[m.node.name]}{f'[{c}]' if self.chains > 1 else ''}[{x0} - xb]"
+                         for c in range(self.chains)]
+                result = f"static_cast<{t}>({' + '.join(parts)})"
                 if m.node.name in nans:
                     result = f"{nans[m.node.name]}[{x0} - xb] ? std::numeric_limits<{t}>::quiet_NaN() : {result}"
                 body.line(f"const {t} {var} = {result};")
