@@ -37,7 +37,7 @@ from wrapgen.kernels.cpp.merged_reductions import merge_reduced
 from wrapgen.loop_ir import FusionGroup, Load, loads, red_vars, row_vars
 
 BLOCK = 16  # output elements per block: one or two vector registers of float
-WIDE_VECTORS = 8  # vector registers of sums in a small product's block (see `block_width`)
+WIDE_VECTORS = 8  # multiply-add chains in flight in a small product's block (see `wide_block`, `chains`)
 WIDE_WORK = 1 << 20  # multiply-adds up to which a kernel is small (one thread, weights in L2)
 KINDS = ("sum", "prod", "max", "min")  # reductions a block of accumulators can carry
 
