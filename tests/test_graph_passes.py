@@ -15,6 +15,7 @@ def test_the_passes_in_order():
     assert [(p.name, p.options) for p in ATEN_PASSES] == [
         ("input_layouts", ()),
         ("common_subexpressions", ()),
+        ("cpu_scalars", ("kernels",)),
         ("conv_layout", ("layout_optimization",)),
         ("broadcast_bmm", ()),
         ("accumulate_into_add", ()),
@@ -77,13 +78,13 @@ def test_debug_dir_holds_the_graph_after_each_pass_that_changed_it(tmp_path):
     (folder, files), = _dumps(tmp_path).items()
     assert folder.endswith("_forward")
     # the mask's two equal aranges become one, the bmm an mm, the causal mask is_causal
-    assert list(files) == ["00-input.txt", "02-common_subexpressions.txt", "04-broadcast_bmm.txt", "06-constant_masks.txt"]
+    assert list(files) == ["00-input.txt", "02-common_subexpressions.txt", "05-broadcast_bmm.txt", "07-constant_masks.txt"]
     given, _, folded, unmasked = files.values()
     assert "torch.ops.aten.bmm.default" in given and "torch.ops.aten.bmm.default" not in folded
     assert "torch.ops.aten.mm.default" in folded
-    assert folded.startswith("# after pass 4, broadcast_bmm (always on)\n")
+    assert folded.startswith("# after pass 5, broadcast_bmm (always on)\n")
     assert "arange" in folded and "arange" not in unmasked and "is_causal = True" in unmasked
-    assert unmasked.startswith("# after pass 6, constant_masks (constant_masks)\n")
+    assert unmasked.startswith("# after pass 7, constant_masks (constant_masks)\n")
     assert "f32[2, 16, 8][128, 8, 1]cpu" in folded  # sizes, strides and device
 
 
@@ -93,9 +94,9 @@ def test_options_are_read_when_the_graph_is_compiled(tmp_path):
         wrapgen.lower(model, (x,))
     (files,) = _dumps(tmp_path).values()
     # the mask stays, made additive, and computed once at compile time (it reads no input)
-    assert list(files) == ["00-input.txt", "02-common_subexpressions.txt", "04-broadcast_bmm.txt", "15-attention_masks.txt",
-                           "16-input_free.txt"]
-    assert "scaled_dot_product" in files["16-input_free.txt"] and "arange" not in files["16-input_free.txt"]
+    assert list(files) == ["00-input.txt", "02-common_subexpressions.txt", "05-broadcast_bmm.txt", "16-attention_masks.txt",
+                           "17-input_free.txt"]
+    assert "scaled_dot_product" in files["17-input_free.txt"] and "arange" not in files["17-input_free.txt"]
 
 
 def test_no_dump_without_debug_dir_or_without_a_change(tmp_path):

@@ -103,7 +103,10 @@ def _warmup(jit_fn, arg_kinds: list[tuple[str, object]], constexprs: dict[str, i
     """`jit_fn` compiled (or found in Triton's cache) for the current device, not launched."""
     ptxas_in_use()  # the key this compile looks up is the one the workers stored it under
     args = [_Pointer(*info) if kind == "ptr" else example_int(info) for kind, info in arg_kinds]
-    return jit_fn.warmup(*args, grid=(1,), num_warps=num_warps, num_stages=num_stages, **constexprs)
+    # no overflow asserts on int32 arithmetic: Triton adds them to every kernel built with
+    # debug=True (those that read indices from data); Inductor turns them off too
+    return jit_fn.warmup(*args, grid=(1,), num_warps=num_warps, num_stages=num_stages, sanitize_overflow=False,
+                         **constexprs)
 
 
 def bind_launcher(compiled, jit_fn, constexprs: dict[str, int], device_index: int = 0) -> Callable[..., None]:

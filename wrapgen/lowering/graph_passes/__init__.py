@@ -24,6 +24,7 @@ from wrapgen.lowering.graph_passes.common_subexpressions import eliminate_common
 from wrapgen.lowering.graph_passes.constant_masks import drop_constant_masks
 from wrapgen.lowering.graph_passes.conv_bias import conv_bias_into_readers
 from wrapgen.lowering.graph_passes.conv_layout import channels_last_convolutions, propagate_input_layouts
+from wrapgen.lowering.graph_passes.cpu_scalars import cpu_scalars_as_numbers
 from wrapgen.lowering.graph_passes.dead_code import remove_dead_code
 from wrapgen.lowering.graph_passes.inplace_ops import split_inplace_ops
 from wrapgen.lowering.graph_passes.input_free import fold_input_free_values
@@ -45,6 +46,11 @@ def _kernel_device_type(captured: CapturedGraph) -> str | None:
 
 def _scatter_in_place(captured: CapturedGraph) -> CapturedGraph:
     return scatter_in_place(captured) if _kernel_device_type(captured) is not None else captured
+
+
+def _cpu_scalars_as_numbers(captured: CapturedGraph) -> CapturedGraph:
+    device_type = _kernel_device_type(captured)
+    return cpu_scalars_as_numbers(captured, device_type) if device_type is not None else captured
 
 
 def _split_inplace_ops(captured: CapturedGraph) -> CapturedGraph:
@@ -73,6 +79,9 @@ ATEN_PASSES: tuple[GraphPass, ...] = (
     GraphPass("input_layouts", (), propagate_input_layouts),
     # repeated pure calls (a decoder's per-layer mask conversion) computed once
     GraphPass("common_subexpressions", (), eliminate_common_subexpressions),
+    # 0-dim CPU tensors of known value (DeBERTa's scales) read by kernels as numbers: a CUDA
+    # kernel cannot read a CPU tensor
+    GraphPass("cpu_scalars", ("kernels",), _cpu_scalars_as_numbers),
     # 2-d convolutions on CUDA (and in CPU training steps) read and write NHWC
     GraphPass("conv_layout", ("layout_optimization",), channels_last_convolutions),
     # bmm against one broadcast matrix: one mm

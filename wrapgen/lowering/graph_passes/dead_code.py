@@ -4,7 +4,9 @@ Captured graphs arrive without dead code, but the rewrites before lowering leave
 index folded into a constant (`constant_masks`, `input_free`) leaves the ops that built it, and
 transformers' packed-sequence check (a `cumsum` over positions compared and summed) lost its only
 reader that way in GPT-J. Lowered, such ops still become kernels and launches whose results nothing
-reads. Ops that write an argument, touch the random generator or have other side effects stay.
+reads. Ops that write an argument, touch the random generator or have other side effects stay;
+an `_assert_tensor_metadata` whose check the traced metadata proves is no side effect (on CUDA
+DeBERTa-v2 computed a CPU `sqrt` per layer for such an assert alone).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 import torch.fx
 
 from wrapgen.lowering.capture import CapturedGraph, with_graph
+from wrapgen.lowering.kernel_lowering import holds_statically
 
 
 def _impure(node: torch.fx.Node) -> bool:
@@ -23,6 +26,8 @@ def _impure(node: torch.fx.Node) -> bool:
     writes its arguments; collectives, which every rank must issue; custom ops)."""
     if node.op != "call_function" or node.target is operator.getitem:
         return node.is_impure()
+    if holds_statically(node):
+        return False
     target = node.target
     if not isinstance(target, torch._ops.OpOverload) or target.namespace not in ("aten", "prims"):
         return True
