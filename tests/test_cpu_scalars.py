@@ -16,23 +16,32 @@ import wrapgen
 from wrapgen.lowering.capture import capture, capture_aten_graph
 from wrapgen.lowering.graph_passes.cpu_scalars import cpu_scalars_as_numbers
 from wrapgen.lowering.graph_passes.dead_code import remove_dead_code
-from wrapgen.lowering.lower import lower_captured
 from wrapgen.wrapper_ir.lines import ExternKernel, KernelCall, KernelDefinition
 
 aten = torch.ops.aten
 
 
-def relative_scores(scores: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """DeBERTa-v2's shape: a position index bucketed with a CPU `torch.tensor` bound, a gather
-    from a relative-position table, divided by a CPU `sqrt(torch.tensor(d) * s)` scale."""
+def _relative_scores(scores: torch.Tensor, table: torch.Tensor, copy_bound: bool) -> torch.Tensor:
+    """DeBERTa-v2's shape: a position index bucketed with a CPU `torch.tensor` bound (with
+    `copy_bound`, copied to the scores' device first, as its `type_as` does), a gather from a
+    relative-position table, divided by a CPU `sqrt(torch.tensor(d) * s)` scale."""
     n = scores.shape[-1]
     positions = torch.arange(n, device=scores.device)
     relative = positions.unsqueeze(1) - positions.unsqueeze(0)
-    bucket = torch.where(relative.abs() < 4, torch.tensor(3), relative.abs())
+    bound = torch.tensor(3).type_as(relative) if copy_bound else torch.tensor(3)
+    bucket = torch.where(relative.abs() < 4, bound, relative.abs())
     index = torch.clamp(bucket + n // 2, 0, table.shape[-1] - 1)
     scale = torch.sqrt(torch.tensor(16, dtype=torch.float) * 2).to(scores.dtype)
     gathered = torch.gather(table, -1, index.unsqueeze(0).expand(scores.shape[0], n, n))
     return torch.softmax(scores + gathered / scale, -1)
+
+
+def relative_scores(scores: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    return _relative_scores(scores, table, copy_bound=False)
+
+
+def relative_scores_with_a_copied_bound(scores: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    return _relative_scores(scores, table, copy_bound=True)
 
 
 def _fake_cuda_graph(fn, *shapes, dtype=torch.float32):
@@ -46,18 +55,26 @@ def _externs(program) -> list[str]:
     return [line.op for line in program.lines if isinstance(line, ExternKernel)]
 
 
-def test_known_cpu_scalars_in_a_cuda_program_are_numbers_and_the_gather_fuses_into_the_softmax():
+def test_known_cpu_scalars_in_a_cuda_graph_become_numbers():
     captured = _fake_cuda_graph(relative_scores, (4, 32, 32), (4, 32, 40), dtype=torch.bfloat16)
     rewritten = cpu_scalars_as_numbers(captured, "cuda").graph_module.graph
     calls = {n.target: n for n in rewritten.nodes if n.op == "call_function" and n.users}
     assert calls[aten.where.ScalarSelf].args[1] == 3  # where.self took the CPU tensor; its number overload
     divide = calls[aten.div.Tensor]
     assert divide.args[1] == float(torch.tensor(32.0).sqrt().to(torch.bfloat16))
-    program = lower_captured(captured)
-    assert not _externs(program), str(program)
+
+
+def test_an_exported_cuda_program_reads_its_cpu_scalars_as_numbers_and_fuses_the_gather_into_the_softmax():
+    """Through torch.export (CUDA inputs as fake tensors: lowering needs no GPU), whose lifted CPU
+    constants come ahead of the inputs: the kernels still run on CUDA, and read no CPU tensor."""
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        scores = torch.randn(4, 32, 32, device="cuda", dtype=torch.bfloat16)
+        table = torch.randn(4, 32, 40, device="cuda", dtype=torch.bfloat16)
+    program = wrapgen.lower(relative_scores_with_a_copied_bound, (scores, table))
+    assert not _externs(program), str(program)  # nor the bound's copy to the GPU
     kernels = [line for line in program.lines if isinstance(line, KernelDefinition)]
-    assert len(kernels) == 1 and "softmax" in kernels[0].name, str(program)
-    assert "tl.load" in kernels[0].source and kernels[0].source.count("tl.load") == 2  # scores, table
+    assert len(kernels) == 1 and "softmax" in kernels[0].name and kernels[0].language == "triton", str(program)
+    assert kernels[0].source.count("tl.load") == 2  # the scores and the table
 
 
 def test_a_read_that_would_change_the_result_dtype_keeps_the_tensor():
@@ -129,8 +146,8 @@ def test_an_assert_the_lowering_does_not_prove_stays():
 def test_a_cuda_program_reads_cpu_scalars_as_numbers(target):
     scores = torch.randn(4, 64, 64, device="cuda", dtype=torch.bfloat16)
     table = torch.randn(4, 64, 80, device="cuda", dtype=torch.bfloat16)
-    program = wrapgen.lower(relative_scores, (scores, table))
+    program = wrapgen.lower(relative_scores_with_a_copied_bound, (scores, table))
     assert not _externs(program), str(program)
-    compiled = wrapgen.compile(relative_scores, (scores, table), target=target)
+    compiled = wrapgen.compile(relative_scores_with_a_copied_bound, (scores, table), target=target)
     scores, table = torch.randn_like(scores), torch.randn_like(table)
-    torch.testing.assert_close(compiled(scores, table), relative_scores(scores, table))
+    torch.testing.assert_close(compiled(scores, table), relative_scores_with_a_copied_bound(scores, table))

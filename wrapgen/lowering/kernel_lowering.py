@@ -553,13 +553,16 @@ def holds_statically(node: torch.fx.Node) -> bool:
 
 
 def kernel_device(graph: torch.fx.Graph) -> torch.device:
-    """The device generated kernels run on: that of the graph's first tensor."""
+    """The device generated kernels run on: the one most of the graph's tensors are on (the
+    first of them on a tie). A CUDA graph holds CPU tensors too (constants the traced code made
+    from Python data, lifted by torch.export ahead of the inputs): its first tensor may be one."""
+    counts: dict[torch.device, int] = {}
     for node in graph.nodes:
         fake = node.meta.get("val")
         first = fake[0] if isinstance(fake, (list, tuple)) and fake else fake
         if isinstance(first, torch.Tensor):
-            return first.device
-    return torch.device("cpu")
+            counts[first.device] = counts.get(first.device, 0) + 1
+    return max(counts, key=counts.__getitem__) if counts else torch.device("cpu")
 
 
 def kernel_language(device: torch.device) -> str | None:

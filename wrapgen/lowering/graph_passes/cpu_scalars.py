@@ -24,12 +24,14 @@ from wrapgen.lowering.capture import CapturedGraph, graph_fake_mode, with_graph
 from wrapgen.lowering.graph_passes.constant_masks import evaluate, pure_closure, pure_op
 from wrapgen.lowering.loop_ops.common import LOWERINGS, op_key, supported
 
+aten = torch.ops.aten
+
 
 def cpu_scalars_as_numbers(captured: CapturedGraph, device_type: str) -> CapturedGraph:
     """`captured` with each known 0-dim CPU value read by a loop op on `device_type` replaced by
     its number there (on a copy of the graph), or `captured` itself when none is."""
     old = captured.graph_module.graph
-    if not any(_readers(n, device_type) for n in old.nodes if _is_cpu_scalar(n)):
+    if not any(_readers(n, device_type) for n in old.nodes if _is_scalar(n)):
         return captured
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -40,9 +42,10 @@ def cpu_scalars_as_numbers(captured: CapturedGraph, device_type: str) -> Capture
     leaves = {env[n]: captured.constants[n.name][1] for n in old.nodes
               if n.op in ("placeholder", "get_attr") and n.name in captured.frozen and n.name in captured.constants}
     changed = False
-    for node in [n for n in graph.nodes if _is_cpu_scalar(n)]:
+    numbers: dict[torch.fx.Node, object] = {}
+    for node in [n for n in graph.nodes if _is_scalar(n)]:
         readers = _readers(node, device_type)
-        number = _known_number(node, leaves) if readers else None
+        number = _known_number(node, leaves, numbers) if readers else None
         if number is None:
             continue
         for reader in readers:
@@ -53,9 +56,9 @@ def cpu_scalars_as_numbers(captured: CapturedGraph, device_type: str) -> Capture
     return with_graph(captured, graph)
 
 
-def _is_cpu_scalar(node: torch.fx.Node) -> bool:
+def _is_scalar(node: torch.fx.Node) -> bool:
     value = node.meta.get("val")
-    return isinstance(value, torch.Tensor) and value.dim() == 0 and value.device.type == "cpu"
+    return isinstance(value, torch.Tensor) and value.dim() == 0
 
 
 def _readers(node: torch.fx.Node, device_type: str) -> list[torch.fx.Node]:
@@ -88,9 +91,27 @@ def _tensor_slots(user: torch.fx.Node, node: torch.fx.Node) -> list[tuple[int, s
     return slots
 
 
-def _known_number(node: torch.fx.Node, leaves: dict[torch.fx.Node, torch.Tensor]) -> bool | int | float | None:
-    """The number `node` always holds, when it is computed only from `leaves` (constants of fixed
-    value) by pure ops, else None."""
+def _known_number(node: torch.fx.Node, leaves: dict[torch.fx.Node, torch.Tensor],
+                  numbers: dict[torch.fx.Node, object]) -> bool | int | float | None:
+    """The number the 0-dim `node` always holds, when it is computed only from `leaves`
+    (constants of fixed value): by pure ops on the CPU, then perhaps copied to the device
+    (`torch.tensor(mid - 1).type_as(cuda_tensor)`, one copy from host memory per call); else None."""
+    if node not in numbers:
+        numbers[node] = _number_of(node, leaves, numbers)
+    return numbers[node]  # type: ignore[return-value]
+
+
+def _number_of(node: torch.fx.Node, leaves: dict[torch.fx.Node, torch.Tensor],
+               numbers: dict[torch.fx.Node, object]) -> bool | int | float | None:
+    fake = node.meta["val"]
+    if fake.device.type != "cpu":
+        source = node.args[0] if node.target is aten._to_copy.default and node.args else None
+        if not isinstance(source, torch.fx.Node) or not _is_scalar(source):
+            return None
+        number = _known_number(source, leaves, numbers)
+        if number is None:
+            return None
+        return torch.tensor(number, dtype=source.meta["val"].dtype).to(fake.dtype).item()
     if node in leaves:
         value: torch.Tensor | None = leaves[node]
     else:
@@ -98,7 +119,7 @@ def _known_number(node: torch.fx.Node, leaves: dict[torch.fx.Node, torch.Tensor]
         if closure is None:
             return None
         value = evaluate([n for n in closure if n not in leaves], {n: leaves[n] for n in closure if n in leaves})
-    if value is None or is_fake(value) or value.dim() != 0 or value.dtype != node.meta["val"].dtype or value.is_complex():
+    if value is None or is_fake(value) or value.dim() != 0 or value.dtype != fake.dtype or value.is_complex():
         return None
     return value.item()
 

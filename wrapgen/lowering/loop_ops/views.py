@@ -10,7 +10,7 @@ import torch
 import torch.fx
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-from wrapgen.loop_ir import LoopValue, row_vars
+from wrapgen.loop_ir import LoopValue, loads, row_vars
 from wrapgen.lowering.loop_ops.common import LoopContext, arg, broadcast, fake, out_fake, register
 
 
@@ -18,7 +18,22 @@ def _remap(ctx: LoopContext, node: torch.fx.Node, index_of: Callable[[tuple], tu
     out = out_fake(node)
     sizes = ctx.shape(out.shape)
     source = ctx.value(node.args[0])
-    return LoopValue(sizes, source.at(index_of(row_vars(len(sizes)))), source.dtype)
+    index = index_of(row_vars(len(sizes)))
+    if ctx.language == "triton" and _gathers_across_rows(source, index, sizes):
+        source = ctx.in_memory(node.args[0])
+    return LoopValue(sizes, source.at(index), source.dtype)
+
+
+def _gathers_across_rows(source: LoopValue, index: tuple, sizes: tuple) -> bool:
+    """Whether a reordering view puts a gathered value's innermost dimension elsewhere. Read
+    through the view, neighbouring lanes of a CUDA kernel would gather from different rows of the
+    source at positions Triton cannot prove contiguous: a transaction per element (DeBERTa-v2's
+    transposed position-to-content gather, fused into the softmax, read 16x the bytes it used).
+    Such a value is computed into its own buffer first, its gathers coalesced along its rows,
+    and read transposed from there at strides the kernel knows."""
+    if not sizes or not index or index[-1] == row_vars(len(sizes))[-1]:
+        return False
+    return any(load.indirect for load in loads(source.body))
 
 
 @register("aten::permute.default", view=True)
