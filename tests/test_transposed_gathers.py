@@ -29,6 +29,15 @@ def content_to_position(scores: torch.Tensor, table: torch.Tensor) -> torch.Tens
     return torch.softmax(scores + gathered, -1)
 
 
+def reshaped_lookup(scores: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """A gather along rows viewed with its last dimension split (heads): read along its rows."""
+    n = scores.shape[-1]
+    positions = torch.arange(n, device=scores.device)
+    index = torch.clamp(positions.unsqueeze(1) - positions.unsqueeze(0) + n, 0, table.shape[-1] - 1)
+    gathered = torch.gather(table, -1, index.unsqueeze(0).expand(scores.shape[0], n, n))
+    return torch.softmax(scores.view(4, 32, 2, 16) + gathered.view(4, 32, 2, 16), -1)
+
+
 def _cuda_kernels(fn) -> list[KernelDefinition]:
     with FakeTensorMode(allow_non_fake_inputs=True):
         scores = torch.randn(4, 32, 32, device="cuda")
@@ -48,7 +57,12 @@ def test_a_gather_read_along_its_rows_fuses_into_the_softmax_on_cuda():
     assert len(kernels) == 1 and "softmax" in kernels[0].name
 
 
-@pytest.mark.parametrize("fn", [position_to_content, content_to_position])
+def test_a_reshaped_gather_still_fuses_on_cuda():
+    kernels = _cuda_kernels(reshaped_lookup)
+    assert len(kernels) == 1 and "softmax" in kernels[0].name, [k.name for k in kernels]
+
+
+@pytest.mark.parametrize("fn", [position_to_content, content_to_position, reshaped_lookup])
 @pytest.mark.parametrize("kernels", ["cpp", "triton"])
 def test_gathers_read_through_views_match_eager(fn, kernels):
     scores, table = torch.randn(4, 32, 32), torch.randn(4, 32, 64)

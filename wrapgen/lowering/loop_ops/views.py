@@ -25,14 +25,17 @@ def _remap(ctx: LoopContext, node: torch.fx.Node, index_of: Callable[[tuple], tu
 
 
 def _gathers_across_rows(source: LoopValue, index: tuple, sizes: tuple) -> bool:
-    """Whether a reordering view puts a gathered value's innermost dimension elsewhere. Read
+    """Whether a view (a permute, a transpose, a select of the last dimension) makes the output's
+    innermost index walk another dimension of a gathered value than its innermost one. Read
     through the view, neighbouring lanes of a CUDA kernel would gather from different rows of the
     source at positions Triton cannot prove contiguous: a transaction per element (DeBERTa-v2's
     transposed position-to-content gather, fused into the softmax, read 16x the bytes it used).
     Such a value is computed into its own buffer first, its gathers coalesced along its rows,
     and read transposed from there at strides the kernel knows."""
-    if not sizes or not index or index[-1] == row_vars(len(sizes))[-1]:
+    if not sizes or not index or sympy.sympify(sizes[-1]) == 1:
         return False
+    if row_vars(len(sizes))[-1] in sympy.sympify(index[-1]).free_symbols:
+        return False  # a reshape or a slice: the innermost position still moves with it
     return any(load.indirect for load in loads(source.body))
 
 
