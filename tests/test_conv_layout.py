@@ -242,15 +242,17 @@ def test_conv1d_and_conv3d_left_alone(on_cpu, dims):
 
 
 class Flatten(nn.Module):
-    """A flatten of an NHWC map (a view its strides cannot express) and an as_strided read."""
+    """A flatten of an NHWC map (a view its strides cannot express) and an as_strided read, after
+    two convolutions (the layout carries between them, so the rewrite runs)."""
 
     def __init__(self):
         super().__init__()
+        self.c0 = nn.Conv2d(3, 3, 3, padding=1)
         self.c = nn.Conv2d(3, 4, 3, padding=1)
         self.fc = nn.Linear(4 * 5 * 5, 6)
 
     def forward(self, x):
-        y = torch.relu(self.c(x))
+        y = torch.relu(self.c(torch.relu(self.c0(x))))
         return self.fc(y.flatten(1)), y.as_strided((2, 10), (1, 3))
 
 
@@ -260,6 +262,47 @@ def test_layout_dependent_views_read_the_original_layout(on_cpu, target):
     captured = capture(model, (x,), dynamic=False)
     assert conv_layout.channels_last_convolutions(captured) is not captured
     _check(model, x, target)
+
+
+class PatchEmbedding(nn.Module):
+    """A vision transformer's stem: one patchifying convolution, flattened into tokens, and a
+    second, separate branch's convolution that no other convolution feeds or reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch, self.side = nn.Conv2d(3, 16, 4, stride=4), nn.Conv2d(3, 16, 8, stride=8)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x):
+        tokens = self.patch(x).flatten(2).transpose(1, 2)
+        return self.norm(tokens), self.side(x).mean((2, 3))
+
+
+def test_convolutions_no_other_feeds_or_reads_stay_nchw(on_cpu):
+    model, x = PatchEmbedding().eval(), torch.randn(2, 3, 16, 16)
+    captured = capture(model, (x,), dynamic=False)
+    assert conv_layout.channels_last_convolutions(captured) is captured
+    program = wrapgen.lower(model, (x,))
+    assert _clone_kernels(program) == []  # neither the image nor a weight is copied
+
+
+def test_only_chained_convolutions_go_channels_last(on_cpu):
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = PatchEmbedding()
+            self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+
+        def forward(self, x):
+            return *self.stem(x), self.b(torch.relu(self.a(x))).sum((2, 3))
+
+    model, x = Mixed().eval(), torch.randn(2, 3, 16, 16)
+    graph = capture(model, (x,), dynamic=False).graph_module.graph
+    convs = [n for n in graph.nodes if conv_layout.is_conv2d(n, frozenset({"cpu"}))]
+    chained = conv_layout.chained_convolutions(graph, convs)
+    assert [n.args[1].name for n in chained] == ["p_a_weight", "p_b_weight"], chained
+    for target in TARGETS:
+        _check(model, x, target)
 
 
 class PoolFormer(nn.Module):
