@@ -108,26 +108,33 @@ def test_header_only_use_keeps_inline_definitions(tmp_path) -> None:
 
 
 @needs_nm
-def test_gpu_kernel_table_is_constant_initialized(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("lazy_unaligned", [False, True])
+def test_gpu_kernel_table_is_constant_initialized(tmp_path, monkeypatch, lazy_unaligned) -> None:
     """The kernel table compiles to initialized data (no start-up code per kernel): built on a
-    machine without a GPU from stand-in binaries, with the CUDA flags."""
+    machine without a GPU from stand-in binaries, with the CUDA flags. A lazy table (a model
+    loaded in-process) declares the unaligned variants without binaries, compiles none of them,
+    and exports the setter of the resolver that compiles them on first use."""
     from wrapgen.backends.cpp import gpu_kernels
     from wrapgen.kernels.triton import runtime as triton_runtime
     from wrapgen.wrapper_ir.lines import KernelDefinition
 
-    def fake_binaries(kernels):
+    def fake_binaries(kernels, unaligned_too=True):
         binary = SimpleNamespace(function_name="triton_fn", image=b"\x7fELF stand-in", shared_bytes=0, num_warps=4,
                                  scratch_params=1)
-        return {name: (binary, binary if "unaligned" in dict(meta) else None) for name, _, meta in kernels}
+        return {name: (binary, binary if unaligned_too and "unaligned" in dict(meta) else None)
+                for name, _, meta in kernels}
 
     monkeypatch.setattr(triton_runtime, "kernel_binaries", fake_binaries)
     kernels = [KernelDefinition(f"triton_k{i}", "triton", "# stand-in", (("unaligned", ("in_ptr0",)),) if i % 2 else ())
                for i in range(6)]
     with wrapgen.config.patch(cache_dir=str(tmp_path)):
-        text = gpu_kernels.kernel_table_source(kernels)
+        text = gpu_kernels.kernel_table_source(kernels, lazy_unaligned=lazy_unaligned)
         flags = ("-DUSE_CUDA",)
         obj = cpp_build._compile_unit(text, flags, cpp_build.unit_object(text, flags))
     symbols = _symbols(obj)
     tables = {name: kind for name, kind in symbols.items() if name.startswith("wg_cuda_triton_k")}
     assert len(tables) == 9, tables
     assert set(tables.values()) <= {"D", "d", "R", "r"}, tables  # data, not zero-filled and set up at start-up
+    images = [name for name in symbols if name.startswith("wg_image_") and not name.endswith("_end")]
+    assert len(images) == (6 if lazy_unaligned else 9), images
+    assert (symbols.get("wg_set_kernel_resolver") == "T") == lazy_unaligned

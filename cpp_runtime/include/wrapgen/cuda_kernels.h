@@ -34,6 +34,30 @@ constexpr uint32_t kStaticSharedLimit = 48 * 1024;       // without opting in, a
 
 constexpr int kMaxDevices = 64;
 
+// A kernel binary handed over at run time (the lazy variants below): what a launch needs.
+// The image stays valid for the life of the process (the one who hands it keeps it).
+struct KernelImage {
+  const unsigned char* image;
+  uint64_t size;
+  const char* function_name;
+  uint32_t shared_bytes;
+  uint32_t num_warps;
+  uint32_t scratch_params;
+  uint32_t reserved;
+};
+
+// Compiles a kernel the library was built without (by its table name) into `out`; 0 on success,
+// else nonzero with a message. A model built in-process leaves the variants for unaligned
+// pointers to this (wrapgen's Python side attaches one through `wg_set_kernel_resolver`), so its
+// cold build compiles each kernel once; an AOT package embeds every variant and needs none.
+using KernelResolver = int32_t (*)(const char* kernel_name, KernelImage* out, char* message, int64_t message_size);
+
+// The library's resolver (one per model library: the runtime's symbols are hidden).
+inline std::atomic<KernelResolver>& kernel_resolver() {
+  static std::atomic<KernelResolver> resolver{nullptr};
+  return resolver;
+}
+
 // One compiled kernel: its binary and what a launch needs. The binary is loaded into a
 // device's context on the first launch there.
 class Kernel {
@@ -51,6 +75,10 @@ class Kernel {
         num_warps_(num_warps),
         scratch_params_(scratch_params),
         functions_{} {}
+  // A kernel whose binary the library lacks: kernel_resolver() compiles it on first launch.
+  constexpr explicit Kernel(const char* name)
+      : name_(name), function_name_(nullptr), image_(nullptr), image_end_(nullptr), shared_bytes_(0),
+        num_warps_(0), scratch_params_(0), functions_{} {}
   Kernel(const Kernel&) = delete;
   Kernel& operator=(const Kernel&) = delete;
 
@@ -67,13 +95,18 @@ class Kernel {
 
   CUfunction load(int device) const;
 
+  // Fills a lazy kernel's binary and launch facts from kernel_resolver() (under load_lock_,
+  // before its first function is published, so launches read them after the acquire).
+  void resolve() const;
+
   const char* name_;
-  const char* function_name_;
-  const unsigned char* image_;
-  const unsigned char* image_end_;
-  uint32_t shared_bytes_;
-  uint32_t num_warps_;
-  uint32_t scratch_params_;
+  // A lazy kernel's fields are written once, by resolve().
+  mutable const char* function_name_;
+  mutable const unsigned char* image_;
+  mutable const unsigned char* image_end_;
+  mutable uint32_t shared_bytes_;
+  mutable uint32_t num_warps_;
+  mutable uint32_t scratch_params_;
   mutable std::array<std::atomic<CUfunction>, kMaxDevices> functions_;
   mutable std::mutex load_lock_;
 };

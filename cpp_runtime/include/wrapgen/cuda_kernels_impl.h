@@ -60,6 +60,7 @@ WG_RT_INLINE CUfunction Kernel::load(int device) const {
     d.check(d.cuCtxSetCurrent(context), "cuCtxSetCurrent");
   }
   const std::string what = std::string("loading kernel ") + name_;
+  if (image_ == nullptr) resolve();
   if (image_end_ <= image_) throw CudaError(what + ": the embedded binary is empty");
   CUmodule module = nullptr;
   d.check(d.cuModuleLoadData(&module, image_), what.c_str());
@@ -79,6 +80,27 @@ WG_RT_INLINE CUfunction Kernel::load(int device) const {
     d.check(d.cuFuncSetAttribute(f, kFuncAttributeMaxDynamicSharedBytes, optin - static_shared), what.c_str());
   }
   return f;
+}
+
+WG_RT_INLINE void Kernel::resolve() const {
+  KernelResolver resolver = kernel_resolver().load(std::memory_order_acquire);
+  if (resolver == nullptr) {
+    throw CudaError(std::string("kernel ") + name_ +
+                    " is not built into this library (it is compiled on first use, and no compiler is "
+                    "attached to this process: build a package with wrapgen.aot_compile, which embeds every kernel)");
+  }
+  KernelImage out{};
+  char message[2048] = {0};
+  if (resolver(name_, &out, message, sizeof(message)) != 0 || out.image == nullptr || out.size == 0 ||
+      out.function_name == nullptr) {
+    throw CudaError(std::string("compiling kernel ") + name_ + " failed: " + message);
+  }
+  function_name_ = out.function_name;
+  shared_bytes_ = out.shared_bytes;
+  num_warps_ = out.num_warps;
+  scratch_params_ = out.scratch_params;
+  image_end_ = out.image + out.size;
+  image_ = out.image;
 }
 
 }  // namespace cuda

@@ -230,9 +230,11 @@ class CppEmitter(CppGraphRegions, EnsureStridesMixin, CppMultiKernelMixin, Emitt
         """Emit `program` and build its library (kernels included): (wrapper source, library path)."""
         return self.start_build(program)()
 
-    def start_build(self, program: Program) -> Callable[[], tuple[str, str]]:
+    def start_build(self, program: Program, lazy_unaligned: bool = False) -> Callable[[], tuple[str, str]]:
         """Emit `program` and start building its library in the background (its GPU kernels'
-        table waits for Triton; g++ runs beside); the returned step waits for the build."""
+        table waits for Triton; g++ runs beside); the returned step waits for the build.
+        `lazy_unaligned`: the GPU kernels' variants for unaligned pointers compile on first use
+        (gpu_kernels.kernel_table_source), for a library loaded in this process."""
         from wrapgen.backends.cpp.build import build_model
 
         source = self.emit(program)
@@ -253,7 +255,7 @@ class CppEmitter(CppGraphRegions, EnsureStridesMixin, CppMultiKernelMixin, Emitt
             if gpu_kernels:
                 from wrapgen.backends.cpp.gpu_kernels import kernel_table_source
 
-                extra_sources.append(kernel_table_source(gpu_kernels))
+                extra_sources.append(kernel_table_source(gpu_kernels, lazy_unaligned=lazy_unaligned))
             return str(build_model(source, kernel_sources, extra_sources=extra_sources,
                                    compile_flags=tuple(compile_flags), link_flags=tuple(link_flags)))
 
@@ -264,11 +266,14 @@ class CppEmitter(CppGraphRegions, EnsureStridesMixin, CppMultiKernelMixin, Emitt
         """The library builds in the background; the step waits for it and loads it."""
         from wrapgen.backends.cpp.loader import CppModel
 
-        built = self.start_build(program)
+        built = self.start_build(program, lazy_unaligned=True)
+        gpu_kernels = list(self.gpu_kernels)
 
         def load() -> CompiledArtifact:
             source, library = built()
             model = CppModel(library)
+            if gpu_kernels:
+                model.attach_kernel_compiler(gpu_kernels)
             model.set_constants([program.constant_values().get(c.name) for c in program.constants])
             return CompiledArtifact(model, source, library)
 

@@ -46,14 +46,26 @@ def _embed(symbol: str, path: Path) -> list[str]:
     ]
 
 
-def kernel_table_source(kernels: list[KernelDefinition]) -> str:
-    """Compile `kernels` (Triton KernelDefinitions) and return the C++ source of their table."""
+def kernel_table_source(kernels: list[KernelDefinition], lazy_unaligned: bool = False) -> str:
+    """Compile `kernels` (Triton KernelDefinitions) and return the C++ source of their table.
+
+    `lazy_unaligned`: the variants for maybe-unaligned pointers are not compiled now but on their
+    first launch, through the resolver the library exports (`wg_set_kernel_resolver`, attached by
+    `loader.CppModel.attach_kernel_compiler`): a model built in this process then compiles each
+    kernel once, as the Python target does, where both variants up front nearly doubled Triton's
+    share of a cold build. Packages, run without Python, embed both."""
     from wrapgen.kernels.triton.runtime import kernel_binaries
 
-    binaries = kernel_binaries([(k.name, k.source, k.metadata) for k in kernels])
+    binaries = kernel_binaries([(k.name, k.source, k.metadata) for k in kernels], unaligned_too=not lazy_unaligned)
     lines = ["// wrapgen: compiled GPU kernels, embedded (see wrapgen/cuda_kernels.h).", '#include "wrapgen/cuda_kernels.h"', ""]
+    if lazy_unaligned:
+        lines += ['extern "C" __attribute__((visibility("default"))) void wg_set_kernel_resolver(wrapgen::cuda::KernelResolver r) {',
+                  "  wrapgen::cuda::kernel_resolver().store(r, std::memory_order_release);", "}", ""]
     for kernel in kernels:
         aligned, unaligned = binaries[kernel.name]
+        if lazy_unaligned and dict(kernel.metadata).get("unaligned"):
+            name = f"{kernel.name}_unaligned"
+            lines += [f"extern const wrapgen::cuda::Kernel wg_cuda_{name}({cpp_string(name)});", ""]
         for suffix, binary in (("", aligned), ("_unaligned", unaligned)):
             if binary is None:
                 continue

@@ -212,6 +212,13 @@ class CppModel:
         self._free_buffers: list[_CallBuffers] = []
         self._constants = _ConstantSet([], [])
 
+    def attach_kernel_compiler(self, kernels: list) -> None:
+        """Let the library compile the GPU kernel variants it was built without (`kernels`: its
+        Triton KernelDefinitions) on their first launch (lazy_kernels)."""
+        from wrapgen.backends.cpp.lazy_kernels import attach
+
+        attach(self.library, self.path, kernels)
+
     def live_handles(self) -> int:
         """Tensor handles the library's code holds now (0 between calls: the leak check)."""
         return int(self._live())

@@ -158,20 +158,21 @@ class TritonKernels:
         return launch
 
 
-def kernel_binaries(kernels: list[tuple[str, str, tuple]]) -> dict[str, tuple[compat.KernelBinary, compat.KernelBinary | None]]:
+def kernel_binaries(kernels: list[tuple[str, str, tuple]], unaligned_too: bool = True,
+                    ) -> dict[str, tuple[compat.KernelBinary, compat.KernelBinary | None]]:
     """Each kernel's binary for a launcher outside Python (the C++ target): the variant compiled
-    for 16-byte-aligned pointers and, for a kernel with maybe-unaligned inputs, the variant
-    without that assumption (None otherwise)."""
+    for 16-byte-aligned pointers and, for a kernel with maybe-unaligned inputs and `unaligned_too`,
+    the variant without that assumption (None otherwise)."""
     if compat.interpreting():
         raise RuntimeError("Triton's interpreter (TRITON_INTERPRET=1) builds no kernel binaries")
     specs = [KernelSpec(name, source, metadata) for name, source, metadata in kernels]
-    # Both variants are built now (the C++ target embeds them), so both warm in the workers:
+    # Both variants are built now where a package embeds them, so both warm in the workers:
     # compiled one after another here, the unaligned ones doubled a CUDA model's cold build.
-    warm_in_workers(specs, unaligned_too=True)
+    warm_in_workers(specs, unaligned_too=unaligned_too)
     binaries = {}
     for spec in _progress(specs, "compiling Triton kernels"):
         fn = jit_function(spec.source, spec.name)
-        variants = [True, False] if spec.maybe_unaligned_positions() else [True]
+        variants = [True, False] if unaligned_too and spec.maybe_unaligned_positions() else [True]
         built = []
         for assume_aligned in variants:
             with _lock:
@@ -180,6 +181,16 @@ def kernel_binaries(kernels: list[tuple[str, str, tuple]]) -> dict[str, tuple[co
             built.append(compat.binary_of(compiled))
         binaries[spec.name] = (built[0], built[1] if len(built) > 1 else None)
     return binaries
+
+
+def unaligned_binary(name: str, source: str, metadata: tuple) -> compat.KernelBinary:
+    """The variant of a kernel without the 16-byte alignment assumption, compiled here (a C++
+    model built in this process asks for it on the first launch with an unaligned pointer)."""
+    spec = KernelSpec(name, source, metadata)
+    with _lock:
+        compiled = compat.compile_kernel(jit_function(spec.source, spec.name), spec.arg_kinds(False), spec.constexprs,
+                                         spec.num_warps, spec.device_index, spec.num_stages)
+    return compat.binary_of(compiled)
 
 
 def warm_in_workers(specs: list[KernelSpec], unaligned_too: bool = False, launchers: bool = False,
