@@ -3,6 +3,9 @@
 python -m benchmarks.cold_compile --models llama,resnet50 [--device cuda] [--dtype bf16] [--size full]
        [--contenders torch.compile,wrapgen[python],wrapgen[cpp]] [--rounds 3]
 
+A model is one of the five families (`llama`) or a suite entry (`timm/densenet121`,
+benchmarks.suite.catalog), built as the suite builds it.
+
 Each (model, contender, round) runs in a new Python process whose TORCHINDUCTOR_CACHE_DIR,
 TRITON_CACHE_DIR and WRAPGEN_CACHE_DIR point at one new empty directory, so no contender
 finds kernels another compiled (the in-process suite shares Triton's cache between wrapgen
@@ -60,7 +63,8 @@ def _timed_phases() -> dict[str, float]:
     wrap(api, "lower_captured", "lowering")
     wrap(api, "optimize", "passes")
     wrap(cpp_emitter.CppEmitter, "emit", "emit (cpp)")
-    wrap(triton_runtime, "kernel_binaries", "triton (cpp: both variants)")
+    wrap(triton_runtime, "kernel_binaries", "triton (cpp)")
+    wrap(triton_runtime, "unaligned_binary", "triton (cpp: unaligned variants, first call)")
     wrap(triton_runtime.TritonKernels, "__init__", "triton (python)")
     wrap(cpp_build, "build_model", "build_model (after triton)")
     run = kernel_build._run
@@ -88,11 +92,24 @@ def _build(contender: str) -> Callable:
     return lambda model, inputs: wrapgen.compile(model, inputs, target=target)
 
 
+def _model(model_name: str, device: str, size: str, dtype: str) -> tuple:
+    """A family (`llama`) or a suite entry (`timm/densenet121`), with its example inputs."""
+    from benchmarks import model_suite, models
+
+    if "/" not in model_name:
+        return models.FAMILIES[model_name].build(device, size, model_suite.DTYPES[dtype])
+    from benchmarks.suite import catalog
+
+    (entry,) = catalog.select(None, model_name)
+    model, inputs = entry.build(device, catalog.DTYPES[dtype], size)
+    return model.eval(), inputs
+
+
 def child(model_name: str, contender: str, device: str, dtype: str, size: str) -> dict:
     """One cold compile in this (fresh) process: returns seconds and wrapgen's phases."""
     import torch
 
-    from benchmarks import measure, model_suite, models
+    from benchmarks import measure
 
     times = _timed_phases() if contender.startswith("wrapgen") else {}
     build = _build(contender)
@@ -103,7 +120,7 @@ def child(model_name: str, contender: str, device: str, dtype: str, size: str) -
         measure.synchronize(device)
         torch._dynamo.reset()
         times.clear()
-        model, inputs = models.FAMILIES[model_name].build(device, size, model_suite.DTYPES[dtype])
+        model, inputs = _model(model_name, device, size, dtype)
         start = time.perf_counter()
         fn = build(model, inputs)
         built = time.perf_counter() - start
@@ -149,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
             if not results:
                 continue
             totals = [r["total"] for r in results]
-            print(f"{model_name:9s} {contender:16s} cold {statistics.median(totals):6.2f} s (median of "
+            print(f"{model_name:24s} {contender:16s} cold {statistics.median(totals):6.2f} s (median of "
                   f"{len(totals)}: {', '.join(f'{t:.2f}' for t in totals)}); first call "
                   f"{statistics.median(r['first call'] for r in results):.2f} s")
             median_of = {k: statistics.median(r["phases"].get(k, 0.0) for r in results) for k in results[0]["phases"]}
