@@ -91,14 +91,15 @@ def _check(output: object, reference: object, workload: Workload, exact: object 
     return None if measure.float64_check(output, reference, exact) is None else problem
 
 
-def float64_result(model: torch.nn.Module, inputs: tuple, device: str) -> object | None:
+def float64_result(model: torch.nn.Module, inputs: tuple, device: str, grad: bool = True) -> object | None:
     """The workload's result computed in float64 (a copy of the model and of its floating inputs),
     as a host copy; None where it cannot be computed. Computed before any contender runs, so no
-    contender's peak memory holds the float64 model."""
+    contender's peak memory holds the float64 model. `grad`: a training step's backward runs."""
     try:
         exact_model = copy.deepcopy(model).double()
         exact_inputs = tuple(x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
-        return measure.host_copy(exact_model(*exact_inputs))
+        with torch.set_grad_enabled(grad):
+            return measure.host_copy(exact_model(*exact_inputs))
     except Exception:  # noqa: BLE001 - an op without float64: the direct comparison alone decides
         return None
     finally:
@@ -216,7 +217,8 @@ def run_benchmarks(
                 measure.release(device)
                 continue
             cells: dict[str, list[Result]] = {c.name: [] for c in active}
-            exact = float64_result(model, inputs, device) if workload.training else None
+            exact = (float64_result(model, inputs, device, grad=workload.training)
+                     if workload.training or workload.float64_fallback else None)
             for round_index in range(rounds):
                 # Each round starts with the next contender: none always runs first or last (GPU
                 # clocks and the allocator's state drift over a run).

@@ -537,6 +537,38 @@ def test_bn_training_check_names_a_running_stat_that_moved() -> None:
     assert reason is not None and reason.startswith(f"{name}: RMS error"), reason
 
 
+class _Cancellation(torch.nn.Module):
+    """sum(x) - sum(flip(x)): zero in exact arithmetic, fp32 rounding noise in eager."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.sum() - x.flip(0).sum()).reshape(1)
+
+
+def _other_order(model, inputs):
+    return lambda x: (x.flip(0).sum() - x.sum()).reshape(1)  # the same noise, negated
+
+
+def _noise_plus_one(model, inputs):
+    return lambda x: model(x) + 1.0
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_an_inference_workload_with_the_float64_fallback_admits_rounding_noise(fallback: bool) -> None:
+    """Another summation order's rounding noise fails the direct comparison; with
+    `float64_fallback` (the suite's inference workloads) the float64 result admits it, and a wrong
+    value still fails."""
+    x = torch.randn(200_000) * 1000
+    assert float(_Cancellation()(x)) != 0.0  # the noise this test is about
+    workload = workloads.Workload("cancellation", "sum minus reversed sum", lambda device, **_: (_Cancellation(), (x,)),
+                                  {"small": {}}, rtol=1e-3, atol=1e-3, atol_scaled=True, float64_fallback=fallback)
+    chosen = [Contender("eager", contenders._eager, compiles=False), Contender("other_order", _other_order),
+              Contender("wrong", _noise_plus_one)]
+    plan = measure.TimingPlan(repeats=1, warmup=0, min_sample_s=0.0, max_calls=1)
+    result = harness.run_benchmarks("cpu", [workload], chosen, plan, "small", 2**20, progress=False, warm=False)
+    status = {r.contender: r.status for r in result.results}
+    assert status == {"eager": "ok", "other_order": "ok" if fallback else "wrong", "wrong": "wrong"}
+
+
 def test_float64_check_decides_where_a_gradient_is_rounding_noise() -> None:
     """A gradient zero in exact arithmetic holds only rounding noise: the direct comparison
     refuses another kernel order's noise, the float64 criterion admits it; a wrong value fails

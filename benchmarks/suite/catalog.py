@@ -96,7 +96,7 @@ def workloads(chosen: list[Entry], size: str, dtype_name: str, training: bool) -
         rtol, atol = TOLERANCES[dtype_name]["inference"]
         make = functools.partial(_inference, entry, dtype)
         found.append(Workload(entry.key, text, lambda device, _make=make, **_: _make(size, device),
-                              {size: {}}, rtol=rtol, atol=atol, atol_scaled=True))
+                              {size: {}}, rtol=rtol, atol=atol, atol_scaled=True, float64_fallback=True))
         if training and entry.trainable:
             rtol, atol = TOLERANCES[dtype_name]["training"]
             make = functools.partial(_training, entry, dtype)

@@ -146,9 +146,11 @@ def markdown(report: Report) -> str:
               "- A training step compiles through torch.compile for every compiler; wrapgen's, through",
               "  `backend=\"wrapgen\"`, is timed once, in the `wrapgen[t]` column (`wrapgen-dynamo[t]` would run",
               "  the same compiled step).",
-              "- A training step that fails that comparison is checked against the same step run in float64",
+              "- A result that fails that comparison is checked against the same model (or step) run in float64",
               "  (PyTorch's benchmark runner's criterion: each output's root-mean-square error from float64's at",
               "  most 2x eager's in fp32, 3x in bf16/fp16, plus a tenth of 1e-3 / 1e-2), which decides for",
-              "  gradients that are zero in exact arithmetic and hold only rounding noise.",
+              "  gradients that are zero in exact arithmetic and hold only rounding noise, and for deep fp32",
+              "  convolution networks on CUDA, where cuDNN's TF32 rounding moves eager's output and every",
+              "  compiler's (Inductor's included) beyond the direct tolerance.",
               f"- Plan: {report.plan.get('repeats')} samples per measurement, {report.rounds} round(s)."]
     return "\n".join(lines).rstrip() + "\n"
