@@ -25,7 +25,15 @@ from functools import cache, lru_cache
 import sympy
 import torch
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+from torch.utils._sympy.functions import Max as IndexMax
+from torch.utils._sympy.functions import Min as IndexMin
 from torch.utils._sympy.value_ranges import bound_sympy
+
+# Index clamps are built with torch's Min and Max (IndexMin, IndexMax): sympy's compare every pair
+# of arguments under assumptions on construction, and rebuild so at every substitution (a
+# DenseNet's chained concatenations spent 5 of the 13 s of its lowering there). Both kinds are
+# recognized wherever a clamp is looked for.
+CLAMPS = (sympy.Min, sympy.Max, IndexMin, IndexMax)
 
 Shape = tuple[sympy.Expr, ...]
 
@@ -143,7 +151,7 @@ def _reindex(index: object, pairs: tuple) -> sympy.Expr:
     inlines the same index at the same place over and over, and rebuilding a Min/Max or a
     floor division through xreplace makes sympy re-derive its simplifications each time."""
     result = sympy.expand(sympy.sympify(index).xreplace(dict(pairs)))
-    return fold_bounded(result) if result.has(sympy.Min, sympy.Max) else result
+    return fold_bounded(result) if result.has(*CLAMPS) else result
 
 
 def fold_bounded(index: sympy.Expr) -> sympy.Expr:
@@ -174,7 +182,7 @@ def fold_bounded(index: sympy.Expr) -> sympy.Expr:
 
 def _below(value: sympy.Expr, bound: sympy.Expr) -> bool:
     """Whether 0 <= value < bound for every value of its symbols (a constant `bound` only)."""
-    if not (bound.is_Integer and bound > 0 and value.has(sympy.Min, sympy.Max)):
+    if not (bound.is_Integer and bound > 0 and value.has(*CLAMPS)):
         return False
     ranges = bound_sympy(value)
     return bool(ranges.lower >= 0 and ranges.upper < bound)

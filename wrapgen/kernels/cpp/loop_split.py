@@ -16,7 +16,7 @@ from typing import Any
 
 import sympy
 
-from wrapgen.loop_ir import Apply, Body, Const, IndexValue, Load, walk
+from wrapgen.loop_ir import CLAMPS, Apply, Body, Const, IndexMin, IndexValue, Load, walk
 
 MAX_RANGES = 8  # beyond this the copies of the body cost more compile time than they save
 _COMPARISONS = {"lt", "le", "gt", "ge"}
@@ -55,7 +55,7 @@ def _comparison_point(node: Apply, var: sympy.Symbol) -> int | None:
 
 def _clamp_points(expr: sympy.Expr, var: sympy.Symbol) -> Iterable[int]:
     """Where min(K, var + c) or max(K, var + c) in an index stops or starts following `var`."""
-    for atom in sympy.sympify(expr).atoms(sympy.Min, sympy.Max):
+    for atom in sympy.sympify(expr).atoms(*CLAMPS):
         if len(atom.args) != 2:
             continue
         constants = [a for a in atom.args if a.is_Integer]
@@ -64,7 +64,7 @@ def _clamp_points(expr: sympy.Expr, var: sympy.Symbol) -> Iterable[int]:
             continue
         c = _offset(others[0], var)
         if c is not None:
-            yield int(constants[0]) - c + (1 if isinstance(atom, sympy.Min) else 0)
+            yield int(constants[0]) - c + (1 if isinstance(atom, (sympy.Min, IndexMin)) else 0)
 
 
 def split_ranges(bodies: Iterable[Body], var: sympy.Symbol, extent: object) -> list[tuple[int, int]] | None:

@@ -10,7 +10,19 @@ import torch
 import torch.fx
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-from wrapgen.loop_ir import Apply, Body, Const, IndexValue, Indirect, Load, LoopValue, compute_dtype, row_vars
+from wrapgen.loop_ir import (
+    Apply,
+    Body,
+    Const,
+    IndexMax,
+    IndexMin,
+    IndexValue,
+    Indirect,
+    Load,
+    LoopValue,
+    compute_dtype,
+    row_vars,
+)
 from wrapgen.lowering.loop_ops.common import (
     SUPPORTED_DTYPES,
     LoopContext,
@@ -77,9 +89,9 @@ def _cat(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
         length = value.sizes[dim]
         position = xs[dim] - start
         if number > 0:
-            position = sympy.Max(position, 0)
+            position = IndexMax(position, 0)
         if number < len(inputs) - 1:
-            position = sympy.Min(position, length - 1)
+            position = IndexMin(position, length - 1)
         index = (*xs[:dim], position, *xs[dim + 1:])
         start = start + length
         pieces.append((start, cast(value.at(index), dtype)))
@@ -220,13 +232,13 @@ def _scatter(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
         width = src.sizes[dim]  # the slice's length clamped into self, as torch computed it
         inside = Apply("and", (Apply("ge", (_index(xs[dim]), _index(start)), torch.bool),
                                Apply("lt", (_index(xs[dim]), _index(start + width * step)), torch.bool)), torch.bool)
-        offset = sympy.Max(0, xs[dim] - start)
+        offset = IndexMax(0, xs[dim] - start)
         if step == 1:
-            position = sympy.Min(offset, width - 1)
+            position = IndexMin(offset, width - 1)
         else:
             on_step = Apply("eq", (_index(ModularIndexing(offset, 1, step)), _index(0)), torch.bool)
             inside = Apply("and", (inside, on_step), torch.bool)
-            position = sympy.Min(FloorDiv(offset, step), width - 1)
+            position = IndexMin(FloorDiv(offset, step), width - 1)
         taken = src.at((*xs[:dim], position, *xs[dim + 1:]))
     kept = ctx.value(node.args[0]).body
     body = Apply("where", (inside, cast(taken, dtype), cast(kept, dtype)), dtype)

@@ -11,7 +11,7 @@ import torch
 import torch.fx
 from torch.utils._sympy.functions import ModularIndexing
 
-from wrapgen.loop_ir import Apply, Body, Const, IndexValue, LoopValue, compute_dtype, row_vars
+from wrapgen.loop_ir import Apply, Body, Const, IndexMax, IndexMin, IndexValue, LoopValue, compute_dtype, row_vars
 from wrapgen.lowering.loop_ops.common import LoopContext, arg, cast, convert_scalar, fake, out_fake, register
 
 
@@ -55,10 +55,10 @@ def _constant_pad_nd(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
         position = xs[d] - low
         if low > 0:
             inside.append(Apply("ge", (_index(position), _index(0)), torch.bool))
-            position = sympy.Max(position, 0)
+            position = IndexMax(position, 0)
         if high > 0:
             inside.append(Apply("lt", (_index(position), _index(length)), torch.bool))
-            position = sympy.Min(position, length - 1)
+            position = IndexMin(position, length - 1)
         index[d] = position
     body = cast(source.at(tuple(index)), dtype)
     if inside:

@@ -15,7 +15,18 @@ import sympy
 import torch
 import torch.fx
 
-from wrapgen.loop_ir import Apply, Body, Const, IndexValue, LoopValue, compute_dtype, row_vars, substitute
+from wrapgen.loop_ir import (
+    Apply,
+    Body,
+    Const,
+    IndexMax,
+    IndexMin,
+    IndexValue,
+    LoopValue,
+    compute_dtype,
+    row_vars,
+    substitute,
+)
 from wrapgen.lowering.loop_ops.common import LoopContext, arg, cast, fake, out_fake, register, zero
 from wrapgen.lowering.loop_ops.recompute import compute_once_before_window
 
@@ -93,7 +104,7 @@ def _window(source: LoopValue, out_sizes: tuple, kernel: tuple[int, int], stride
     for axis in range(2):
         at = xs[lead + axis] * stride[axis] - padding[axis] + xs[lead + 2 + axis] * dilation[axis]
         length = source.sizes[lead + axis]
-        position.append(sympy.Max(0, sympy.Min(at, length - 1)))
+        position.append(IndexMax(0, IndexMin(at, length - 1)))
         for condition in (Apply("ge", (_index(at), _index(0)), torch.bool), Apply("lt", (_index(at), _index(length)), torch.bool)):
             inside = condition if inside is None else Apply("and", (inside, condition), torch.bool)
     read = cast(source.at((*xs[:lead], *position)), dtype)

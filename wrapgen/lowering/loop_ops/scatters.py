@@ -14,7 +14,7 @@ import sympy
 import torch
 import torch.fx
 
-from wrapgen.loop_ir import Apply, Body, IndexValue, Indirect, Load, LoopValue, compute_dtype, row_vars
+from wrapgen.loop_ir import Apply, Body, IndexMin, IndexValue, Indirect, Load, LoopValue, compute_dtype, row_vars
 from wrapgen.lowering.loop_ops.common import (
     SUPPORTED_DTYPES,
     LoopContext,
@@ -116,7 +116,7 @@ def _scatter(ctx: LoopContext, node: torch.fx.Node) -> LoopValue:
 def _clamped(x: sympy.Symbol, extent: sympy.Expr, size_: sympy.Expr) -> sympy.Expr:
     """x as a position in a dimension of `extent` <= `size_` (the read of an element outside it
     is discarded: clamp so that it stays inside the buffer)."""
-    return x if sympy.simplify(sympy.sympify(extent) - size_) == 0 else sympy.Min(x, extent - 1)
+    return x if sympy.simplify(sympy.sympify(extent) - size_) == 0 else IndexMin(x, extent - 1)
 
 
 def _checked_index(ctx: LoopContext, index_node: torch.fx.Node, size_: sympy.Expr, symbol: str) -> LoopValue:
