@@ -173,7 +173,8 @@ def test_random_calls_and_returned_results_are_not_merged():
     from wrapgen.lowering.graph_passes.common_subexpressions import eliminate_common_subexpressions
 
     def draws(x):
-        return x.clone(), x.clone(), torch.rand_like(x) + torch.rand_like(x), (x * 3).sum() + (x * 3).sum()
+        signed = (x * 0.0).sum() + (x * -0.0).sum()  # equal floats, different products
+        return x.clone(), x.clone(), torch.rand_like(x) + torch.rand_like(x), (x * 3).sum() + (x * 3).sum() + signed
 
     captured = capture(draws, (torch.randn(4, 8),), dynamic=False)
     merged = eliminate_common_subexpressions(captured)
@@ -186,12 +187,12 @@ def test_random_calls_and_returned_results_are_not_merged():
 
     assert count(captured, seeded) == count(merged, seeded) == 2
     assert count(merged, lambda t: t is torch.ops.aten.clone.default) == 2
-    assert count(captured, lambda t: t is torch.ops.aten.mul.Tensor) == 2
-    assert count(merged, lambda t: t is torch.ops.aten.mul.Tensor) == 1
+    assert count(captured, lambda t: t is torch.ops.aten.mul.Tensor) == 4
+    assert count(merged, lambda t: t is torch.ops.aten.mul.Tensor) == 3  # x * 3 once, x * 0.0 and x * -0.0
     x = torch.randn(4, 8)
     a, b, noise, total = wrapgen.compile(draws, (x,))(x)
     assert a.data_ptr() != b.data_ptr() and not torch.equal(noise, 2 * noise[0, 0].expand_as(noise))
-    torch.testing.assert_close(total, (x * 3).sum() * 2)
+    torch.testing.assert_close(total, (x * 3).sum() * 2 + (x * 0.0).sum() + (x * -0.0).sum())
 
 
 def test_a_first_compile_does_not_import_inductors_lowering():

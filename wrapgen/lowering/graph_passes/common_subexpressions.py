@@ -155,6 +155,6 @@ def _frozen(value: object, env: dict[torch.fx.Node, torch.fx.Node]) -> object:
         return ("tensor", id(value))  # a tensor's == is elementwise: compared by identity
     if isinstance(value, slice):
         return ("slice", _frozen((value.start, value.stop, value.step), env))
-    if isinstance(value, float) and math.isnan(value):
-        return ("nan",)
+    if isinstance(value, float):  # nan equals nothing, and 0.0 == -0.0 though x * -0.0 is -0.0
+        return ("nan",) if math.isnan(value) else (float, value, math.copysign(1.0, value))
     return (type(value), value)
