@@ -282,3 +282,78 @@ def test_update_weights_reaches_the_arrayref_entry(packages):
     x = torch.randn(shape)
     with torch.no_grad():
         torch.testing.assert_close(runner(x), other(x))
+
+
+def _bind(model, handles: list[int]) -> tuple[int, int, str]:
+    """wg_arrayref_bind on these handles: (status, context, message)."""
+    library = model.handles.library
+    library.wg_arrayref_bind.restype = ctypes.c_int32
+    array = (ctypes.c_void_p * max(1, len(handles)))(*handles)
+    context, message = ctypes.c_void_p(), ctypes.create_string_buffer(512)
+    status = library.wg_arrayref_bind(array, ctypes.c_int64(len(handles)), ctypes.byref(context), message, ctypes.c_int64(512))
+    return status, context.value or 0, message.value.decode()
+
+
+@pytest.mark.parametrize("case, message", [
+    ("dtype", r"constant 0 \(p_norm_weight\): expected dtype torch.float32, got torch.float64"),
+    ("size", r"constant 0 \(p_norm_weight\): expected size 64 in dimension 0, got 32"),
+    ("rank", r"constant 0 \(p_norm_weight\): expected rank 1, got 2"),
+    ("strides", r"constant 5 \(p_fc1_weight_kmajor\): expected stride 256 in dimension 0, got 1"),
+    ("null", r"constant 0 \(p_norm_weight\): null handle"),
+    ("count", r"expected 8 constants, got 7"),
+])
+def test_binding_a_constant_that_does_not_match_names_it(packages, case, message):
+    """wg_arrayref_bind checks every constant against the program once, so the bound entry can
+    read their pointers without asking on each call: a wrong one is an error code naming it."""
+    from wrapgen.backends.cpp.loader import _from_handles, _to_handles
+
+    _, _, path = packages["demo"]
+    model = wrapgen.load_package(path, interface="arrayref")._arrayref
+    values = list(model.handles._constants.values)
+    if case == "dtype":
+        values[0] = values[0].double()
+    elif case == "size":
+        values[0] = values[0][:32].clone()
+    elif case == "rank":
+        values[0] = values[0][None].clone()
+    elif case == "strides":  # the K-major weight in the other layout: same sizes, wrong order in memory
+        values[5] = values[5].t().contiguous().t()
+    elif case == "count":
+        values = values[:-1]
+    handles = _to_handles([v for v in values])
+    if case == "null":
+        handles[0], dropped = 0, handles[0]
+    try:
+        status, context, text = _bind(model, handles)
+    finally:
+        _from_handles([h for h in handles if h])
+        if case == "null":
+            _from_handles([dropped])
+    assert (status, context) == (WG_INPUT_MISMATCH, 0)
+    import re
+
+    assert re.search(message, text), text
+
+
+def test_bound_and_unbound_entries_agree_and_a_stray_context_is_refused(packages):
+    _, shape, path = packages["demo"]
+    model = wrapgen.load_package(path, interface="arrayref")._arrayref
+    x = torch.randn(shape)
+    in_array, keep_in = _array(x)
+    outs = [torch.full((1, 64), 7.0) for _ in range(3)]
+    arrays = [_array(o) for o in outs]
+    message = ctypes.create_string_buffer(512)
+    constants = model.handles._constants
+    args = (ctypes.byref(in_array), ctypes.c_int64(1))
+    tail = (message, ctypes.c_int64(512))
+    assert model._entry(constants.array, constants.count, *args, ctypes.byref(arrays[0][0]), ctypes.c_int64(1), *tail) == 0
+    bound = model._binding
+    assert model._bound_entry(bound.context, *args, ctypes.byref(arrays[1][0]), ctypes.c_int64(1), *tail) == 0
+    assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], torch.full((1, 64), 7.0))
+    stray = ctypes.c_void_p(x.data_ptr())  # memory that is not a binding
+    for context in (ctypes.c_void_p(0), stray):
+        status = model._bound_entry(context, *args, ctypes.byref(arrays[2][0]), ctypes.c_int64(1), *tail)
+        assert status == WG_INPUT_MISMATCH
+        assert "not one wg_arrayref_bind of this model returned" in message.value.decode()
+    assert torch.equal(outs[2], torch.full((1, 64), 7.0))  # nothing written
+    del keep_in, arrays

@@ -43,6 +43,31 @@ typedef int32_t (*WgRunArrayRefFn)(
     char* message,
     int64_t message_size);
 
+// The same call with the constants bound once (wg_arrayref_bind): a run reads their data
+// pointers from the context instead of asking each handle on every call. `context` must come
+// from wg_arrayref_bind of this library; the rest is as for WgRunArrayRefFn.
+typedef int32_t (*WgRunArrayRefBoundFn)(
+    const void* context,
+    const WgArray* inputs,
+    int64_t num_inputs,
+    const WgArray* outputs,
+    int64_t num_outputs,
+    char* message,
+    int64_t message_size);
+
+// Binds a set of constants (the handles WgRunArrayRefFn takes): checks each one's dtype, sizes,
+// strides and device against the program and records its data pointer. The handles, and the
+// memory they point at, must outlive the context; writing new values into that memory (a weight
+// update in place) needs no new binding, new tensors do. Returns 0 and sets `*context`, or a
+// WgErrorKind (1: a constant does not match; `message` names it). Free with WgArrayRefUnbindFn.
+typedef int32_t (*WgArrayRefBindFn)(
+    void* const* constants,
+    int64_t num_constants,
+    void** context,
+    char* message,
+    int64_t message_size);
+typedef void (*WgArrayRefUnbindFn)(void* context);
+
 // What output i must be (a package's outputs have fixed shapes): the caller allocates that much.
 // Returns 0, or 1 when i is out of range. `*sizes` points at `*rank` values owned by the library.
 typedef int32_t (*WgArrayRefOutputFn)(int64_t i, int32_t* dtype, int32_t* rank, const int64_t** sizes);

@@ -57,6 +57,61 @@ inline void check_arrays(const char* what, const WgArray* arrays, int64_t count,
   }
 }
 
+// What the program expects of one constant: it reads the memory in exactly this layout.
+struct ConstantSpec {
+  const char* name;
+  int32_t dtype;
+  int32_t rank;
+  const int64_t* sizes;
+  const int64_t* strides;
+};
+
+// Throws WG_INPUT_MISMATCH naming constant i when its handle is null or its tensor is not what
+// the program was compiled for (dtype, sizes, strides, the CPU).
+inline void check_constant(int64_t i, AtenTensorHandle handle, const ConstantSpec& s) {
+  const std::string label = array_label("constant", i, s.name);
+  if (handle == nullptr) throw Error(WG_INPUT_MISMATCH, label + ": null handle");
+  int32_t dtype = 0, device_type = 0;
+  int64_t rank = 0;
+  check(aoti_torch_get_dtype(handle, &dtype), "aoti_torch_get_dtype");
+  check(aoti_torch_get_dim(handle, &rank), "aoti_torch_get_dim");
+  check(aoti_torch_get_device_type(handle, &device_type), "aoti_torch_get_device_type");
+  if (device_type != aoti_torch_device_type_cpu()) throw Error(WG_INPUT_MISMATCH, label + ": not on the CPU");
+  if (dtype != s.dtype) throw Error(WG_INPUT_MISMATCH, label + ": expected dtype " + dtype_name(s.dtype) + ", got " + dtype_name(dtype));
+  if (rank != s.rank) throw Error(WG_INPUT_MISMATCH, label + ": expected rank " + std::to_string(s.rank) + ", got " + std::to_string(rank));
+  for (int32_t d = 0; d < s.rank; ++d) {
+    int64_t size = 0, stride = 0;
+    check(aoti_torch_get_size(handle, d, &size), "aoti_torch_get_size");
+    check(aoti_torch_get_stride(handle, d, &stride), "aoti_torch_get_stride");
+    if (size != s.sizes[d]) {
+      throw Error(WG_INPUT_MISMATCH, label + ": expected size " + std::to_string(s.sizes[d]) + " in dimension " + std::to_string(d) +
+                                         ", got " + std::to_string(size));
+    }
+    if (size > 1 && stride != s.strides[d]) {
+      throw Error(WG_INPUT_MISMATCH, label + ": expected stride " + std::to_string(s.strides[d]) + " in dimension " + std::to_string(d) +
+                                         ", got " + std::to_string(stride));
+    }
+  }
+}
+
+// Runs `body`, turning what it throws into the entry's error code and message.
+template <typename Body>
+int32_t guarded(char* message, int64_t message_size, Body&& body) {
+  try {
+    body();
+    return WG_OK;
+  } catch (const Error& e) {
+    write_message(message, message_size, e.what());
+    return e.kind();
+  } catch (const std::exception& e) {
+    write_message(message, message_size, e.what());
+    return WG_RUNTIME_ERROR;
+  } catch (...) {
+    write_message(message, message_size, "unknown C++ exception");
+    return WG_RUNTIME_ERROR;
+  }
+}
+
 // A tensor over memory the model does not own (an input, an arena slot, the caller's output),
 // made only for a library call that needs one.
 inline Tensor wrap_array(void* data, std::initializer_list<int64_t> sizes, std::initializer_list<int64_t> strides, int32_t dtype) {

@@ -55,6 +55,9 @@ class ModelLibrary {
     constant_device = reinterpret_cast<WgConstantDeviceFn>(dlsym(handle_, "wg_constant_device"));
     run_arrayref = reinterpret_cast<WgRunArrayRefFn>(dlsym(handle_, "wg_run_arrayref"));
     arrayref_output = reinterpret_cast<WgArrayRefOutputFn>(dlsym(handle_, "wg_arrayref_output"));
+    arrayref_bind = reinterpret_cast<WgArrayRefBindFn>(dlsym(handle_, "wg_arrayref_bind"));
+    arrayref_unbind = reinterpret_cast<WgArrayRefUnbindFn>(dlsym(handle_, "wg_arrayref_unbind"));
+    run_arrayref_bound = reinterpret_cast<WgRunArrayRefBoundFn>(dlsym(handle_, "wg_run_arrayref_bound"));
   }
   ModelLibrary(const ModelLibrary&) = delete;
   ModelLibrary& operator=(const ModelLibrary&) = delete;
@@ -72,6 +75,10 @@ class ModelLibrary {
   WgConstantDeviceFn constant_device = nullptr;  // null: a library from before devices were recorded
   WgRunArrayRefFn run_arrayref = nullptr;  // null: a package built without arrayref=True
   WgArrayRefOutputFn arrayref_output = nullptr;
+  // null: a package from before constants could be bound (its calls go through run_arrayref)
+  WgArrayRefBindFn arrayref_bind = nullptr;
+  WgArrayRefUnbindFn arrayref_unbind = nullptr;
+  WgRunArrayRefBoundFn run_arrayref_bound = nullptr;
 
  private:
   template <typename Fn>
@@ -105,7 +112,22 @@ class ModelContainer {
     for (auto& set : sets_) {
       for (auto& t : set.tensors) set.handles.push_back(t.get());
     }
+    // Each set bound once: weight updates copy into the same memory, so the binding stays valid.
+    if (library_.arrayref_bind != nullptr && library_.run_arrayref_bound != nullptr && library_.arrayref_unbind != nullptr) {
+      for (auto& set : sets_) {
+        char message[1024] = {0};
+        const int32_t status = library_.arrayref_bind(reinterpret_cast<void* const*>(set.handles.data()),
+                                                      static_cast<int64_t>(set.handles.size()), &set.bound, message, sizeof(message));
+        if (status != WG_OK) {
+          unbind();
+          throw Error(status, message);
+        }
+      }
+    }
   }
+  ModelContainer(const ModelContainer&) = delete;
+  ModelContainer& operator=(const ModelContainer&) = delete;
+  ~ModelContainer() { unbind(); }
 
   const ModelLibrary& library() const { return library_; }
   int64_t num_inputs() const { return library_.num_inputs; }
@@ -134,13 +156,18 @@ class ModelContainer {
   // WG_INPUT_MISMATCH for a descriptor that does not match, naming it).
   void run_arrayref(const WgArray* inputs, int64_t num_inputs, const WgArray* outputs, int64_t num_outputs) {
     if (library_.run_arrayref == nullptr) throw Error(WG_RUNTIME_ERROR, "the package has no array-ref entry (aot_compile(..., arrayref=True))");
-    char message[1024] = {0};
+    char message[1024];
+    message[0] = 0;
     int32_t status;
     {
       ConstantSet& set = acquire();
       std::shared_lock<std::shared_mutex> reading(set.in_use, std::adopt_lock);
-      status = library_.run_arrayref(reinterpret_cast<void* const*>(set.handles.data()), static_cast<int64_t>(set.handles.size()),
-                                     inputs, num_inputs, outputs, num_outputs, message, sizeof(message));
+      if (set.bound != nullptr) {
+        status = library_.run_arrayref_bound(set.bound, inputs, num_inputs, outputs, num_outputs, message, sizeof(message));
+      } else {
+        status = library_.run_arrayref(reinterpret_cast<void* const*>(set.handles.data()), static_cast<int64_t>(set.handles.size()),
+                                       inputs, num_inputs, outputs, num_outputs, message, sizeof(message));
+      }
     }
     if (status != WG_OK) throw Error(status, message);
   }
@@ -178,7 +205,15 @@ class ModelContainer {
     std::vector<Tensor> tensors;
     std::vector<AtenTensorHandle> handles;
     std::shared_mutex in_use;
+    void* bound = nullptr;  // the array-ref entry's binding of `handles` (wg_arrayref_bind)
   };
+
+  void unbind() {
+    for (auto& set : sets_) {
+      if (set.bound != nullptr) library_.arrayref_unbind(set.bound);
+      set.bound = nullptr;
+    }
+  }
 
   // The active set, shared-locked (and still active once locked).
   ConstantSet& acquire() {

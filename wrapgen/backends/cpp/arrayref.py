@@ -112,7 +112,7 @@ class ArrayRefEmitter(CppEmitter):
             self._pointer(spec.name, f"static_cast<char*>(inputs[{number}].data)")
         self.constant_numbers = {c.name: number for number, c in enumerate(program.constants)}
         for number, c in enumerate(program.constants):
-            self._pointer(c.name, f"wrapgen::data_of(constants[{number}])")
+            self._pointer(c.name, f"constant_data[{number}]")  # bound once (wg_arrayref_bind) or per call
 
     def _pointer(self, name: str, expr: str, source: str | None = None) -> None:
         self.writeline(f"char* p_{name} = {expr};")
@@ -285,8 +285,16 @@ class ArrayRefEmitter(CppEmitter):
             return {"name": name, "dtype": dtype_code(t.dtype), "rank": len(t.sizes), "sizes": list(sizes or ()),
                     "torch_dtype": str(t.dtype).removeprefix("torch.")}
 
+        def constant_spec(name: str, t: TensorType) -> dict:
+            sizes = _static(t.sizes)
+            strides = _static(t.strides if t.strides is not None else contiguous_strides(t.sizes))
+            if sizes is None or strides is None:
+                raise ArrayRefRefused(f"arrayref=True cannot serve constant {name}: dynamic sizes {t.sizes}")
+            return {"name": name, "dtype": dtype_code(t.dtype), "rank": len(sizes), "sizes": list(sizes), "strides": list(strides)}
+
         outputs = [spec(f"{v.name}", self.types[v.name]) for v in program.outputs]
         return {
+            "constants": [constant_spec(c.name, c.type) for c in program.constants],
             "body": list(self.body),
             "inputs": [spec(i.name, i.type) for i in program.inputs],
             "outputs": outputs,

@@ -1,10 +1,13 @@
-"""Call a package's array-ref entry (`wg_run_arrayref`, cpp_runtime/include/wrapgen/arrayref.h)
+"""Call a package's array-ref entry (`wg_run_arrayref_bound`, cpp_runtime/include/wrapgen/arrayref.h)
 from Python: contiguous CPU tensors in, new tensors out.
 
-The library and its constants are bound by `CppModel` (the handle loader); a call packs one
-buffer of descriptors (data pointer, dtype, rank, sizes) with `struct` and passes the outputs'
-memory, allocated here, to be written in place. The library checks every descriptor itself,
-so what this side misses still comes back as InputMismatchError naming the argument.
+The library and its constant handles are held by `CppModel` (the handle loader); each set of
+constants is bound once (`wg_arrayref_bind`: checked against the program, data pointers kept),
+so a call does not ask every weight for its pointer. A call packs one buffer of descriptors (data
+pointer, dtype, rank, sizes) with `struct` and passes the outputs' memory, allocated here, to be
+written in place. The library checks every descriptor itself, so what this side misses still
+comes back as InputMismatchError naming the argument. Packages from before binding existed are
+called through `wg_run_arrayref` with the handles.
 """
 
 from __future__ import annotations
@@ -49,6 +52,27 @@ class _Call:
         )
 
 
+class _Binding:
+    """One constant set bound by the library (`wg_arrayref_bind`); unbound when the last call
+    holding it has returned. Keeps the set, whose handles the binding points at, alive."""
+
+    __slots__ = ("constants", "context", "_unbind")
+
+    def __init__(self, library: ctypes.CDLL, constants) -> None:
+        self.constants, self.context, self._unbind = constants, ctypes.c_void_p(), library.wg_arrayref_unbind
+        bind = library.wg_arrayref_bind
+        bind.restype = ctypes.c_int32
+        message = ctypes.create_string_buffer(_MESSAGE_SIZE)
+        status = bind(constants.array, constants.count, ctypes.byref(self.context), message, ctypes.c_int64(_MESSAGE_SIZE))
+        if status != 0:
+            raise_error(status, message.value.decode(errors="replace"))
+
+    def __del__(self) -> None:
+        if self.context:
+            context, self.context = self.context, ctypes.c_void_p()
+            self._unbind(context)
+
+
 class ArrayRefModel:
     """`model(tensors)` runs the array-ref entry on contiguous CPU tensors; returns a tuple of new tensors."""
 
@@ -61,6 +85,12 @@ class ArrayRefModel:
             raise ModelLoadError(f"{library} has no array-ref entry: build it with aot_compile(..., arrayref=True)") from None
         self._entry.restype = ctypes.c_int32
         self._entry.argtypes = None
+        self._bound_entry = getattr(self.handles.library, "wg_run_arrayref_bound", None)
+        if self._bound_entry is not None:
+            self._bound_entry.restype = ctypes.c_int32
+            self._bound_entry.argtypes = None
+        self._binding: _Binding | None = None
+        self._bind()
         meta = self.handles.metadata
         if any(s["kind"] != "tensor" for s in meta["inputs"]):
             raise ModelLoadError(f"{library}: the array-ref entry takes tensors only")
@@ -87,6 +117,12 @@ class ArrayRefModel:
                 raise ValueError(f"constant {spec['name']}: expected shape {tuple(old.shape)}, got {tuple(value.shape)}")
             new.append(torch.empty_strided(old.shape, old.stride(), dtype=old.dtype).copy_(value))
         self.handles.set_constants(new)
+        self._bind()
+
+    def _bind(self) -> None:
+        """Bind the handle loader's current constants (calls in flight keep the previous binding)."""
+        if self._bound_entry is not None:
+            self._binding = _Binding(self.handles.library, self.handles._constants)
 
     def __call__(self, args: list) -> tuple:
         n = len(self.inputs)
@@ -111,8 +147,12 @@ class ArrayRefModel:
             for j, out in enumerate(results):
                 fields += (out.data_ptr(), DTYPE_CODES[out.dtype], len(self.outputs[j][1]), call.sizes[n + j], 0)
             self._pack.pack_into(call.buffer, 0, *fields, *sizes, *self._output_sizes)
-            constants = self.handles._constants  # one consistent set for this call
-            status = self._entry(constants.array, constants.count, *call.arguments)
+            binding = self._binding  # one consistent set for this call, alive until it returns
+            if binding is not None:
+                status = self._bound_entry(binding.context, *call.arguments)
+            else:
+                constants = self.handles._constants
+                status = self._entry(constants.array, constants.count, *call.arguments)
             if status != 0:
                 raise_error(status, call.message.value.decode(errors="replace"))
             return tuple(results)
