@@ -3,13 +3,15 @@ exported once, each package built and loaded as a user would, every output check
 eager's, then timed per call with the contenders interleaved by round (medians of rounds).
 
     python -m benchmarks.aot_packages [--models demo,mlp,gpt2,bert,resnet50] [--rounds 11]
-        [--calls 200] [--out-dir DIR]
+        [--calls 200] [--cpp] [--out-dir DIR]
 
 Contenders: `wrapgen` (`wrapgen.aot_compile` + `wrapgen.load_package`, the handle entry),
 `wrapgen[arrayref]` (the same package's array-ref entry, `load_package(..., interface="arrayref")`,
 where the program has one) and `AOTInductor` (`torch.export.export` +
 `torch._inductor.aoti_compile_and_package` + `torch._inductor.aoti_load_package`). Also per
-contender: the build's wall time (export included) and the package's size on disk.
+contender: the build's wall time (export included) and the package's size on disk. `--cpp` also
+times the array-ref package's two entries from C++ (examples/arrayref_call.cpp, built here with g++,
+the entries interleaved by round), where a call has no Python around it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from torch.utils import _pytree as pytree
 
 import wrapgen
 from benchmarks import machine, step_rounds
-from benchmarks.arrayref import build_model
+from benchmarks.arrayref import TINY, build_example, build_model, calls_per_round, time_in_cpp
 from benchmarks.interleaved import interleave
 
 MODEL_NAMES = ("demo", "mlp", "gpt2", "bert", "resnet50")
@@ -131,8 +133,35 @@ def _progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+@dataclass
+class CppRow:
+    """The array-ref package's two entries timed from C++ (µs per call, medians of rounds)."""
+
+    model: str
+    handle_us: float
+    arrayref_us: float
+
+    @property
+    def ratio(self) -> float:
+        return self.arrayref_us / self.handle_us
+
+
+def time_entries_in_cpp(name: str, inputs: tuple[torch.Tensor, ...], folder: Path, binary: Path, rounds: int,
+                        tiny_calls: int) -> CppRow | None:
+    """The C++ example on the model's array-ref package (built by the `wrapgen[arrayref]` contender)."""
+    package = folder / f"{name}-wrapgen-arrayref.wgpkg"
+    if not package.is_dir():
+        return None
+    loaded = wrapgen.load_package(package)
+    started = time.perf_counter()
+    loaded(*inputs)
+    calls = calls_per_round(time.perf_counter() - started, tiny_calls, name in TINY)
+    _progress(f"{name}: the C++ example, {rounds} rounds of {calls} calls")
+    return CppRow(name, *time_in_cpp(binary, package, inputs, folder, calls, rounds))
+
+
 def markdown(cells: list[Cell], described: dict[str, str], info: machine.MachineInfo, settings: dict[str, Any],
-             command: str) -> str:
+             command: str, cpp_rows: Sequence[CppRow] = ()) -> str:
     lines = step_rounds.header(info, "wrapgen benchmarks: AOT packages against AOTInductor's", settings, command)
     lines += ["## µs per call, from Python", "",
               "| model | contender | status | µs per call (median) | min - max | vs AOTInductor | build | package |",
@@ -146,6 +175,10 @@ def markdown(cells: list[Cell], described: dict[str, str], info: machine.Machine
             size = f"{c.package_bytes / 1e6:.2f} MB" if c.package_bytes is not None else "—"
             lines.append(f"| {name} | {c.contender} | {c.status} | {step_rounds.fmt(c.median_us, '.1f')} | {spread} | "
                          f"{ratio} | {step_rounds.fmt(c.build_s, '.1f', ' s')} | {size} |")
+    if cpp_rows:
+        lines += ["", "## The array-ref package's entries, from C++ (examples/arrayref_call.cpp)", "",
+                  "| model | handle entry (µs) | array-ref entry (µs) | array-ref / handle |", "|---|---:|---:|---:|"]
+        lines += [f"| {r.model} | {r.handle_us:.2f} | {r.arrayref_us:.2f} | {r.ratio:.2f}x |" for r in cpp_rows]
     problems = [c for c in cells if c.status != "ok"]
     if problems:
         lines += ["", "## Not timed", ""]
@@ -160,7 +193,11 @@ def markdown(cells: list[Cell], described: dict[str, str], info: machine.Machine
               "- Each round times `calls` back-to-back calls of every contender of a model, the order rotating by one",
               "  each round; reported: the median over rounds, and the fastest and slowest round.",
               "- **build**: the wall time from the model to a loadable package (export and compile), with the compile",
-              "  caches as found; **package**: its size on disk.", ""]
+              "  caches as found; **package**: its size on disk.",
+              "- **From C++** (`--cpp`): the example program loads the `wrapgen[arrayref]` package without Python, checks",
+              "  that both entries give the same outputs bit for bit, then times rounds of back-to-back calls of each",
+              "  entry in turn (the handle entry given tensor handles, the array-ref entry plain descriptors and output",
+              "  memory of the caller's); reported: the median over rounds.", ""]
     return "\n".join(lines)
 
 
@@ -172,6 +209,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     parser.add_argument("--calls", type=int, default=200,
                         help="calls per round and contender, at most (fewer where a round would pass 0.2 s)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) (default: torch's)")
+    parser.add_argument("--cpp", action="store_true", help="also time the array-ref package's two entries from C++")
+    parser.add_argument("--cpp-calls", type=int, default=20000, help="C++ calls per round for demo and mlp (others: 0.2 s)")
     parser.add_argument("--out-dir", type=Path, default=None, help="write the page and its .json here")
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
@@ -183,8 +222,10 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
     cells: list[Cell] = []
+    cpp_rows: list[CppRow] = []
     described: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        binary = build_example(Path(tmp)) if args.cpp else None
         for name in names:
             model, inputs, described[name] = build_model(name)
             calls, built = build_contenders(name, model, inputs, Path(tmp), wanted)
@@ -195,15 +236,19 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
                 times = interleave(calls, "cpu", args.rounds, per_round)
             for cell in built:
                 cell.round_us = [t * 1e6 for t in times.get(cell.contender, [])]
+            if binary is not None and "wrapgen[arrayref]" in calls:
+                row = time_entries_in_cpp(name, inputs, Path(tmp), binary, args.rounds, args.cpp_calls)
+                cpp_rows += [row] if row is not None else []
     info = machine.collect("cpu")
     command = "python -m benchmarks.aot_packages " + " ".join(sys.argv[1:] if argv is None else argv)
     settings = {"rounds × calls": f"{args.rounds} × at most {args.calls} (a round of one contender: 0.2 s at most)", "run took": f"{(time.perf_counter() - started) / 60:.1f} min"}
-    text = markdown(cells, described, info, settings, command)
+    text = markdown(cells, described, info, settings, command, cpp_rows)
     print(text.split("## Models")[0])
     if args.out_dir is None:
         return []
     payload = {"machine": info.as_dict(), "settings": settings, "command": command, "models": described,
-               "results": [asdict(c) | {"median_us": c.median_us} for c in cells]}
+               "results": [asdict(c) | {"median_us": c.median_us} for c in cells],
+               "cpp": [asdict(r) | {"ratio": r.ratio} for r in cpp_rows]}
     paths = step_rounds.write(args.out_dir, machine.file_stem(info, "aot-packages"), text, payload)
     for path in paths:
         print(f"wrote {path}")

@@ -56,7 +56,8 @@ def build_model(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], s
     return model.eval(), tuple(inputs), f"{family.description}; small config: {sizes}"
 
 
-def _calls(seconds_per_call: float, tiny_calls: int, tiny: bool) -> int:
+def calls_per_round(seconds_per_call: float, tiny_calls: int, tiny: bool) -> int:
+    """`tiny_calls` for the tiny models, else as many as fit in a fifth of a second (at least 5)."""
     return tiny_calls if tiny else max(5, min(tiny_calls, int(ROUND_SECONDS / max(seconds_per_call, 1e-9))))
 
 
@@ -67,6 +68,18 @@ def build_example(folder: Path) -> Path:
                     str(REPO / "examples" / "arrayref_call.cpp"), f"-L{lib}", f"-Wl,-rpath,{lib}", "-ltorch_cpu", "-lc10", "-ldl",
                     "-o", str(binary)], check=True)
     return binary
+
+
+def time_in_cpp(binary: Path, package: str | Path, inputs: tuple[torch.Tensor, ...], folder: Path, calls: int,
+                rounds: int) -> tuple[float, float]:
+    """(handle, array-ref) µs per call of one package, timed by the C++ example (its outputs must
+    agree exactly, or it fails)."""
+    slug = re.sub(r"\W+", "_", Path(package).name)
+    write_tensor_file(folder / f"{slug}.bin", {f"x{i}": x for i, x in enumerate(inputs)})
+    done = subprocess.run([str(binary), str(package), str(folder / f"{slug}.bin"), str(calls), str(rounds)],
+                          check=True, capture_output=True, text=True)
+    cpp = dict(re.findall(r"(handle|array-ref) entry: +([\d.]+) us/call", done.stdout))
+    return float(cpp["handle"]), float(cpp["array-ref"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,14 +109,9 @@ def main(argv: list[str] | None = None) -> int:
             handle(*inputs)
             per_call = time.perf_counter() - start
             calls = {"handle": functools.partial(handle, *inputs), "arrayref": functools.partial(arrayref, *inputs)}
-            times = interleave(calls, "cpu", args.rounds, _calls(per_call, args.calls, key in TINY))
+            times = interleave(calls, "cpu", args.rounds, calls_per_round(per_call, args.calls, key in TINY))
             py = {k: statistics.median(v) * 1e6 for k, v in times.items()}
-            write_tensor_file(folder / f"{slug}.bin", {f"x{i}": x for i, x in enumerate(inputs)})
-            cpp_calls = _calls(per_call, args.cpp_calls, key in TINY)
-            done = subprocess.run([str(binary), path, str(folder / f"{slug}.bin"), str(cpp_calls), str(args.rounds)],
-                                  check=True, capture_output=True, text=True)
-            cpp = dict(re.findall(r"(handle|array-ref) entry: +([\d.]+) us/call", done.stdout))
-            h, a = float(cpp["handle"]), float(cpp["array-ref"])
+            h, a = time_in_cpp(binary, path, inputs, folder, calls_per_round(per_call, args.cpp_calls, key in TINY), args.rounds)
             label = name if key in TINY else f"{key} small ({name.split('small config: ')[-1]})"
             print(f"| {label} | {py['handle']:.2f} | {py['arrayref']:.2f} | {h:.2f} | {a:.2f} | {a / h:.2f}× |", flush=True)
     return 0

@@ -362,7 +362,7 @@ def test_optimizer_benchmark_checks_and_times_every_contender(tmp_path: Path) ->
 def test_aot_package_benchmark_checks_and_times_wrapgen_and_aotinductor(tmp_path: Path) -> None:
     from benchmarks import aot_packages
 
-    argv = ["--models=mlp", "--rounds=2", "--calls=5", f"--out-dir={tmp_path}"]
+    argv = ["--models=mlp", "--rounds=2", "--calls=5", "--cpp", "--cpp-calls=50", f"--out-dir={tmp_path}"]
     raw, markdown = _results(aot_packages.main(argv), "aot-packages")
     cells = {c["contender"]: c for c in raw["results"]}
     assert set(cells) == {"wrapgen", "wrapgen[arrayref]", "AOTInductor"}
@@ -371,6 +371,10 @@ def test_aot_package_benchmark_checks_and_times_wrapgen_and_aotinductor(tmp_path
         assert len(cell["round_us"]) == 2 and cell["median_us"] > 0 and cell["package_bytes"] > 0
         assert f"| mlp | {name} | ok |" in markdown
     assert "| model | contender | status | µs per call (median) |" in markdown
+    # from C++: the example ran both entries on the array-ref package (and found them equal)
+    (row,) = raw["cpp"]
+    assert row["model"] == "mlp" and row["handle_us"] > 0 and row["arrayref_us"] > 0
+    assert f"| mlp | {row['handle_us']:.2f} | {row['arrayref_us']:.2f} |" in markdown
 
 
 def test_aot_package_benchmark_marks_a_wrong_package(tmp_path: Path, monkeypatch) -> None:
