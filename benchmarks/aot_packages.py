@@ -46,6 +46,7 @@ class Cell:
     detail: str = ""
     build_s: float | None = None
     package_bytes: int | None = None
+    package: str = ""  # where the package was built (wrapgen's: the C++ example loads it)
     round_us: list[float] = field(default_factory=list)
 
     @property
@@ -111,7 +112,7 @@ def _build(contender: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, .
             cell.status, cell.detail = "refused", step_rounds.first_line(error)
             return None
         raise
-    cell.package_bytes = _size(Path(package))
+    cell.package_bytes, cell.package = _size(Path(package)), str(package)
     loaded = wrapgen.load_package(package, interface="arrayref" if arrayref else "handle")
     return lambda: loaded(*inputs)
 
@@ -146,18 +147,16 @@ class CppRow:
         return self.arrayref_us / self.handle_us
 
 
-def time_entries_in_cpp(name: str, inputs: tuple[torch.Tensor, ...], folder: Path, binary: Path, rounds: int,
-                        tiny_calls: int) -> CppRow | None:
-    """The C++ example on the model's array-ref package (built by the `wrapgen[arrayref]` contender)."""
-    package = folder / f"{name}-wrapgen-arrayref.wgpkg"
-    if not package.is_dir():
-        return None
-    loaded = wrapgen.load_package(package)
-    started = time.perf_counter()
-    loaded(*inputs)
-    calls = calls_per_round(time.perf_counter() - started, tiny_calls, name in TINY)
-    _progress(f"{name}: the C++ example, {rounds} rounds of {calls} calls")
-    return CppRow(name, *time_in_cpp(binary, package, inputs, folder, calls, rounds))
+def time_entries_in_cpp(cell: Cell, call: Callable[[], Any], inputs: tuple[torch.Tensor, ...], folder: Path, binary: Path,
+                        rounds: int, tiny_calls: int) -> CppRow:
+    """The C++ example on the package of the `wrapgen[arrayref]` contender's `cell` (`call` runs it
+    from Python: one call sizes the rounds)."""
+    with torch.no_grad():
+        started = time.perf_counter()
+        call()
+    calls = calls_per_round(time.perf_counter() - started, tiny_calls, cell.model in TINY)
+    _progress(f"{cell.model}: the C++ example, {rounds} rounds of {calls} calls")
+    return CppRow(cell.model, *time_in_cpp(binary, Path(cell.package), inputs, folder, calls, rounds))
 
 
 def markdown(cells: list[Cell], described: dict[str, str], info: machine.MachineInfo, settings: dict[str, Any],
@@ -236,9 +235,10 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
                 times = interleave(calls, "cpu", args.rounds, per_round)
             for cell in built:
                 cell.round_us = [t * 1e6 for t in times.get(cell.contender, [])]
-            if binary is not None and "wrapgen[arrayref]" in calls:
-                row = time_entries_in_cpp(name, inputs, Path(tmp), binary, args.rounds, args.cpp_calls)
-                cpp_rows += [row] if row is not None else []
+            arrayref = next((c for c in built if c.contender == "wrapgen[arrayref]"), None)
+            if binary is not None and arrayref is not None and arrayref.contender in calls:
+                cpp_rows.append(time_entries_in_cpp(arrayref, calls[arrayref.contender], inputs, Path(tmp), binary,
+                                                    args.rounds, args.cpp_calls))
     info = machine.collect("cpu")
     command = "python -m benchmarks.aot_packages " + " ".join(sys.argv[1:] if argv is None else argv)
     settings = {"rounds × calls": f"{args.rounds} × at most {args.calls} (a round of one contender: 0.2 s at most)", "run took": f"{(time.perf_counter() - started) / 60:.1f} min"}
@@ -247,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     if args.out_dir is None:
         return []
     payload = {"machine": info.as_dict(), "settings": settings, "command": command, "models": described,
-               "results": [asdict(c) | {"median_us": c.median_us} for c in cells],
+               "results": [asdict(c) | {"median_us": c.median_us, "package": None} for c in cells],  # no temporary paths
                "cpp": [asdict(r) | {"ratio": r.ratio} for r in cpp_rows]}
     paths = step_rounds.write(args.out_dir, machine.file_stem(info, "aot-packages"), text, payload)
     for path in paths:
