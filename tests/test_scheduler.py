@@ -170,3 +170,66 @@ def test_independent_parts_of_a_pointwise_group_run_one_after_another() -> None:
     assert [m.node.name for m in clustered.members] == ["a", "c", "w", "r", "b", "d", "e"]
     assert clustered.parts == (4, 2, 1)
     assert cluster_members(start_group(nodes[0])).parts == ()
+
+
+def _norm_kernels(program) -> list[set[str]]:
+    """The ops of each kernel that computes a layer norm."""
+    ops = [set(dict(line.metadata)["ops"].split(",")) for line in program.lines if isinstance(line, KernelDefinition)]
+    return [o for o in ops if "layer_norm" in o]
+
+
+def _norm_then_transposed_copy(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    y = torch.nn.functional.layer_norm(x, (x.shape[-1],))
+    return y.permute(1, 0, 2).contiguous().view(-1, x.shape[-1]) @ w
+
+
+def test_a_norm_read_by_a_row_permuted_copy_stores_its_rows_there(kernels) -> None:
+    """A layer norm read only by a copy that moves its rows (batch-first tokens to sequence-first,
+    as aot_autograd traces `nn.MultiheadAttention`) is one kernel: the norm stores each row where
+    the copy puts it. Sizes that repeat ([8, 8, 16]) leave two candidate orders; the one whose
+    reads match is taken. A copy that moves the innermost dimension stays a kernel of its own."""
+    for shape in ((4, 6, 16), (8, 8, 16)):
+        x, w = torch.randn(*shape), torch.randn(shape[-1], 12)
+        program = wrapgen.lower(_norm_then_transposed_copy, (x, w))
+        assert _norm_kernels(program) == [{"layer_norm", "aten::clone.default"}]
+        compiled = wrapgen.compile(_norm_then_transposed_copy, (x, w), target="python")
+        x = torch.randn(*shape)
+        torch.testing.assert_close(compiled(x, w), _norm_then_transposed_copy(x, w))
+
+    def innermost_moved(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],)).transpose(1, 2).contiguous()
+
+    x = torch.randn(4, 8, 8)
+    program = wrapgen.lower(innermost_moved, (x,))
+    assert _norm_kernels(program) == [{"layer_norm"}]
+    torch.testing.assert_close(wrapgen.compile(innermost_moved, (x,), target="python")(x), innermost_moved(x))
+
+
+def test_both_entry_points_lower_a_batch_first_attention_block_alike() -> None:
+    """`nn.MultiheadAttention(batch_first=True)` traced by torch.export and by aot_autograd: the
+    same kernels and library calls (aot_autograd's graph copies the normed tokens to sequence-first
+    before the projection; export's folds the transpose into the product)."""
+    from benchmarks.model_lowering import count
+    from benchmarks.suite import run
+    from wrapgen.dynamo import ensure_registered
+
+    ensure_registered()
+    attention = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    norm = torch.nn.LayerNorm(32)
+
+    def block(x: torch.Tensor) -> torch.Tensor:
+        y = norm(x)
+        return x + attention(y, y, y, need_weights=False)[0]
+
+    x = torch.randn(3, 7, 32)
+    with torch.no_grad():
+        with run.recorded_programs() as exported:
+            compiled = wrapgen.compile(block, (x,), target="python")
+        with run.recorded_programs() as traced:
+            dynamo = torch.compile(block, backend="wrapgen", options={"target": "python"})
+            dynamo(x)
+        x = torch.randn(3, 7, 32)
+        torch.testing.assert_close(compiled(x), block(x))
+        torch.testing.assert_close(dynamo(x), block(x))
+    ours, theirs = count(exported[0]), count(traced[0])
+    assert (ours.kernels, ours.launches) == (theirs.kernels, theirs.launches)

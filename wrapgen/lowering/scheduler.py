@@ -9,6 +9,7 @@ exactly one group, and consumers read its value.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -17,6 +18,8 @@ import sympy
 from wrapgen.loop_ir import ComputeNode, FusionGroup, Load, Member, node_loads, red_vars, row_vars, substitute
 
 Shape = tuple[sympy.Expr, ...]
+# permutations of at most this many outer dimensions are tried (5! = 120 at rank 6)
+_MAX_PERMUTED_RANK = 6
 
 
 def _squeezed(shape: Shape) -> list[sympy.Expr]:
@@ -64,8 +67,10 @@ def can_fuse(group: FusionGroup, node: ComputeNode) -> tuple[FusionGroup, Member
         mapping = _squeeze_map(node.rows, group.rows)
         if mapping is not None:
             member = Member(_mapped(node, mapping), "row")
-        elif group.reduced and list(node.rows) == list(group.source_sizes):
-            member = Member(_mapped(node, dict(zip(row_vars(len(node.rows)), group.source_index))), "inner")
+        elif group.reduced:
+            member = _inner_member(group, node)
+            if member is None:
+                return None
         else:
             return None
     elif group.reduced:
@@ -83,6 +88,46 @@ def can_fuse(group: FusionGroup, node: ComputeNode) -> tuple[FusionGroup, Member
         return None
     return FusionGroup(new_group.rows, new_group.reduced, new_group.source_sizes, new_group.source_index,
                        [*new_group.members, member]), member
+
+
+def _inner_member(group: FusionGroup, node: ComputeNode) -> Member | None:
+    """`node`, a pointwise node over the shape `group` reduces, as an inner member of it: in the
+    reduced shape's order, or else with its outer dimensions permuted (sizes that repeat leave
+    several orders; the one whose reads match is taken); None when neither reads what it should."""
+    if list(node.rows) == list(group.source_sizes):
+        member = Member(_mapped(node, dict(zip(row_vars(len(node.rows)), group.source_index))), "inner")
+        if _reads_match(group, member):
+            return member
+    return _row_permuted_inner(group, node)
+
+
+def _row_permuted_inner(group: FusionGroup, node: ComputeNode) -> Member | None:
+    """`node` as an inner member of a reduction group whose reduced shape it iterates with its
+    outer dimensions permuted (its innermost one kept innermost, so its stores stay contiguous),
+    or None. A layer norm read only by a copy into a transposed layout (`nn.MultiheadAttention`
+    moving batch-first tokens to sequence-first before its projection, as aot_autograd traces
+    it) was a kernel for the statistics and another that normalized while copying; each row of
+    the copy is a row of the norm, so the norm's kernel can store its rows where the copy puts them."""
+    sizes, source = [sympy.sympify(s) for s in node.rows], [sympy.sympify(s) for s in group.source_sizes]
+    if len(sizes) < 3 or len(sizes) != len(source) or sorted(sizes, key=str) != sorted(source, key=str):
+        return None
+    if sizes[-1] != source[-1] or len(sizes) > _MAX_PERMUTED_RANK:
+        return None
+    xs = row_vars(len(sizes))
+    for order in itertools.permutations(range(len(sizes) - 1)):
+        if list(order) == list(range(len(sizes) - 1)) or any(sizes[i] != source[d] for i, d in enumerate(order)):
+            continue
+        mapping = {xs[i]: group.source_index[d] for i, d in enumerate(order)}
+        mapping[xs[-1]] = group.source_index[-1]
+        member = Member(_mapped(node, mapping), "inner")
+        if _reads_match(group, member) and _reads_a_member(group, member):
+            return member
+    return None
+
+
+def _reads_a_member(group: FusionGroup, member: Member) -> bool:
+    """Whether `member` reads a result of the group (so joining it saves that result's round trip)."""
+    return any(group.member(load.buffer) is not None for load in node_loads(member.node))
 
 
 def _reads_match(group: FusionGroup, member: Member) -> bool:

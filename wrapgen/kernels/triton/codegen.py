@@ -12,10 +12,9 @@ Layout of the generated kernel:
                    end; an inner value a later pass needs is recomputed from its inputs
 
 Index expressions whose loop variables follow a contiguous pattern become `xindex` /
-`rindex` (or `xindex % n`) so Triton sees contiguity and vectorizes; the rest decompose
-the flat index into per-dimension variables. Sizes that are neither literals nor bare
-symbols are computed on the host (`host_exprs`) and passed as scalars; the launch grid is
-an expression of the size symbols.
+`rindex` (or `xindex % n`) so Triton sees contiguity and vectorizes; the rest decompose the
+flat index into per-dimension variables. Sizes that are neither literals nor bare symbols are
+computed on the host (`host_exprs`) and passed as scalars; the grid is of the size symbols.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ import torch
 from torch.utils._sympy.functions import CeilDiv
 
 from wrapgen.kernels.cpp.codegen import GeneratedKernel
+from wrapgen.kernels.index_ranges import always_inside
 from wrapgen.kernels.online_softmax import merge_online_softmax
 from wrapgen.kernels.segments import in_place_pairs, part_members, parts_read_apart, segments
 from wrapgen.kernels.triton.launch_config import LaunchConfig, choose_config
@@ -52,7 +52,6 @@ from wrapgen.loop_ir import (
 
 INT32_LIMIT = 2**31 - 1
 
-
 XFLAT = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RFLAT = sympy.Symbol("rindex", integer=True, nonnegative=True)
 
@@ -62,10 +61,6 @@ def _is_loop(s: sympy.Symbol) -> bool:
 
 
 MAX_PARTS = 65535  # a CUDA grid's axis 1
-
-
-def _product(sizes: tuple) -> sympy.Expr:
-    return sympy.Mul(*sizes) if sizes else sympy.Integer(1)
 
 
 class TritonKernelCodegen(ReductionRenderer, OpRenderer):
@@ -82,22 +77,20 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
         self.reduction = bool(group.reduced)
         self.rows = tuple(sympy.sympify(s) for s in group.rows)
         self.reduced = tuple(sympy.sympify(s) for s in group.reduced)
-        self.xnumel = _product(self.rows)
-        self.rnumel = _product(self.reduced) if self.reduction else None
-        self.config = choose_config(self.xnumel, self.rnumel, hints or {}, self.reduction and self._reads_columns())
-        self.counter = 0
+        self.xnumel = sympy.Mul(*self.rows)
+        self.rnumel = sympy.Mul(*self.reduced) if self.reduction else None
+        self.config = choose_config(self.xnumel, self.rnumel, hints or {}, *self._read_directions())
+        self.counter, self.libdevice, self.index_bound_ok = 0, False, True
         self.params: dict[str, str] = {}
         self.read: list[str] = []
         self.written: list[str] = []
         self.host: dict[sympy.Expr, str] = {}
         self.symbols: set[sympy.Symbol] = set()
-        self.helpers: set[str] = set()
-        self.libdevice = False
-        self.used_vars: set[str] = set()
-        self.index_bound_ok = True
+        self.helpers, self.used_vars = set[str](), set[str]()
         self.hints = hints or {}
         self.var_axes: dict[str, frozenset[str]] = {}  # temporaries: the loop axes their block spans
         self.gather_indices: dict[sympy.Symbol, frozenset[str]] = {}  # indices read from data: their axes
+        self.checks_positions = False  # a device assert checks a gathered position (a debug build)
         self.online: dict[str, str] = {}  # sums of exp computed online with their maximum: {sum: max}
         self.deferred: set[str] = set()  # inner values only those sums read: not computed
 
@@ -138,10 +131,14 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
         e = _flatten_dims(e, row_vars(len(self.rows)), self.rows, XFLAT)
         return _flatten_dims(e, red_vars(len(self.reduced)), self.reduced, RFLAT)
 
-    def _reads_columns(self) -> bool:
-        """Whether most loads along the reduced dimension step over it with a stride while the
-        kept dimension is contiguous (a column reduction: choose_config gives it wider blocks)."""
-        columns = rows = 0
+    def _read_directions(self) -> tuple[bool, bool]:
+        """Whether most loads step over the reduced dimension with a stride, the kept one contiguous
+        (a column reduction), and whether any does (a transposed operand): both get wider blocks."""
+        if not self.reduction:
+            return False, False
+        columns = rows = transposed = 0
+        kept = [v for v, n in zip(row_vars(len(self.rows)), self.rows) if n != 1][-1:]
+        reduced = [v for v, n in zip(red_vars(len(self.reduced)), self.reduced) if n != 1][-1:]
         for member in self.group.members:
             for load in loads(member.node.body):
                 if load.indirect:
@@ -152,7 +149,9 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
                     rows += 1
                 elif along_r != 0 and along_x == 1:
                     columns += 1
-        return columns > rows
+                raw = sympy.expand(sympy.sympify(load.index))  # innermost kept and reduced variables' strides
+                transposed += bool(kept and reduced) and raw.coeff(kept[0], 1) == 1 and raw.coeff(reduced[0], 1) not in (0, 1)
+        return columns > rows, transposed > 0
 
     def _check_bound(self, e: sympy.Expr) -> None:
         """int32 indexing is safe only if every index stays below 2**31 for every size."""
@@ -262,16 +261,17 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
             value = self.value(ind.value, memo, local, w, recompute)
             axes = self.var_axes.get(value, frozenset())
             name, size = self.tmp(), self.size(ind.size)
-            inside = self.tmp()
             w.line(f"{name} = ({value}).to(tl.int64)")
-            w.line(f"{inside} = (0 <= {name}) & ({name} < {size})")
-            lanes = [m for m, a in (("xmask", "x"), ("rmask", "r")) if a in axes
-                     and (self.needs_xmask if a == "x" else self.reduction and self.needs_rmask)]
-            live = " & ".join(lanes)
-            w.line(f"tl.device_assert({inside}{f' | ~({live})' if live else ''}, 'index out of range')")
-            if clamp:
-                w.line(f"{name} = tl.where({inside}, {name}, 0)")
-            guards.append(inside)
+            if not always_inside(ind.value, ind.size):  # a position its body clamps needs no check
+                inside = self.tmp()
+                w.line(f"{inside} = (0 <= {name}) & ({name} < {size})")
+                live = " & ".join(m for m, a in (("xmask", "x"), ("rmask", "r")) if a in axes
+                                  and (self.needs_xmask if a == "x" else self.reduction and self.needs_rmask))
+                w.line(f"tl.device_assert({inside}{f' | ~({live})' if live else ''}, 'index out of range')")
+                self.checks_positions = True
+                if clamp:
+                    w.line(f"{name} = tl.where({inside}, {name}, 0)")
+                guards.append(inside)
             self.var_axes[name] = axes
             symbol = sympy.Symbol(name, integer=True)
             self.gather_indices[symbol] = axes
@@ -480,7 +480,7 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
             if sizes[d] == 1:
                 w.line(f"{var} = 0")
                 continue
-            inner = _product(sizes[d + 1:])
+            inner = sympy.Mul(*sizes[d + 1:])
             text = flat if inner == 1 else f"({flat} // {self.size(inner)})"
             if d > 0:
                 text = f"({text} % {self.size(sizes[d])})"
@@ -524,8 +524,8 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
             lines.append("from triton.language.extra import libdevice")
         lines.append("")
         lines += self.helper_sources()
-        # a kernel that reads indices from data keeps its device asserts (debug), as Inductor's do
-        decorator = "@triton.jit(debug=True)" if self.gather_indices else "@triton.jit"
+        # a kernel that checks positions read from data keeps its device asserts (debug), as Inductor's do
+        decorator = "@triton.jit(debug=True)" if self.checks_positions else "@triton.jit"
         lines += ["", "", decorator, f"def {self.name}({', '.join(params)}):"]
         source = "\n".join(lines + head.lines + body.lines) + "\n"
         grid = (CeilDiv(self.xnumel, cfg.xblock) if not self.xnumel.is_Integer else sympy.Integer(-(-int(self.xnumel) // cfg.xblock)),)
@@ -583,7 +583,7 @@ def _flatten_dims(e: sympy.Expr, variables: tuple, sizes: tuple, flat: sympy.Sym
     if start == len(dims):
         return e
     suffix = dims[start:]
-    suffix_size = _product(tuple(sizes[d] for d in suffix))
+    suffix_size = sympy.Mul(*tuple(sizes[d] for d in suffix))
     whole = start == 0 and all(sizes[d] == 1 for d in range(dims[0]))
     flat_part = flat if whole else sympy.Mod(flat, suffix_size, evaluate=False)
     kept = sum((coeffs[d] * variables[d] for d in dims[:start] if d in coeffs), sympy.Integer(0))

@@ -29,13 +29,19 @@ class LaunchConfig:
 # At least this many make one 32-byte memory sector of float32 per row, instead of two elements
 # (8 bytes) of each sector, which the row-reduction blocks below would give it.
 COLUMN_XBLOCK = 8
+# A row reduction that reads one operand transposed (DeBERTa-v2's softmax over scores plus its
+# position-to-content term, stored [key, query]) reads that operand XBLOCK rows at a time per
+# reduced element: 8 rows of 512 gave it 16 bytes of each 32-byte sector of bf16.
+TRANSPOSED_XBLOCK = 16
 # A column reduction keeps a whole column block in registers (persistent) only up to this many
 # elements (8 columns of 2048 rows: 32 per thread at 16 warps); longer ones loop over the rows.
 COLUMN_PERSISTENT_ELEMENTS = 16384
 
 
-def choose_config(xnumel: sympy.Expr, rnumel: sympy.Expr | None, hint: dict, column: bool = False) -> LaunchConfig:
-    """`column`: the reduction reads along a strided reduced dimension (see COLUMN_XBLOCK)."""
+def choose_config(xnumel: sympy.Expr, rnumel: sympy.Expr | None, hint: dict, column: bool = False,
+                  transposed: bool = False) -> LaunchConfig:
+    """`column`: the reduction reads along a strided reduced dimension (see COLUMN_XBLOCK);
+    `transposed`: some operand of it does (see TRANSPOSED_XBLOCK)."""
     x = int(sympy.sympify(xnumel).xreplace(hint)) if hint is not None else 1
     if rnumel is None:  # pointwise: 1024 elements per program for large problems, fewer for small
         xblock = min(1024, next_pow2(max(x, 1)))
@@ -46,7 +52,8 @@ def choose_config(xnumel: sympy.Expr, rnumel: sympy.Expr | None, hint: dict, col
     in_registers = not column or columns * next_pow2(max(r, 1)) <= COLUMN_PERSISTENT_ELEMENTS
     if r_static and r <= PERSISTENT_LIMIT and in_registers:
         rblock = next_pow2(max(r, 1))
-        xblock = max(columns, min(next_pow2(max(x, 1)), 4096 // rblock, 64))
+        tiles = min(TRANSPOSED_XBLOCK, next_pow2(max(x, 1))) if transposed else 1
+        xblock = max(columns, tiles, min(next_pow2(max(x, 1)), 4096 // rblock, 64))
         warps = max(1, min(16, xblock * rblock // 256))
         return LaunchConfig(xblock, rblock, warps, True)
     rblock = min(2048, next_pow2(max(r, 1)))
