@@ -52,7 +52,7 @@ def choose_config(xnumel: sympy.Expr, rnumel: sympy.Expr | None, hint: dict, col
     in_registers = not column or columns * next_pow2(max(r, 1)) <= COLUMN_PERSISTENT_ELEMENTS
     if r_static and r <= PERSISTENT_LIMIT and in_registers:
         rblock = next_pow2(max(r, 1))
-        tiles = min(TRANSPOSED_XBLOCK, next_pow2(max(x, 1))) if transposed else 1
+        tiles = min(TRANSPOSED_XBLOCK, next_pow2(max(x, 1))) if transposed and not column else 1
         xblock = max(columns, tiles, min(next_pow2(max(x, 1)), 4096 // rblock, 64))
         warps = max(1, min(16, xblock * rblock // 256))
         return LaunchConfig(xblock, rblock, warps, True)
