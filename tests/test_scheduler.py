@@ -104,7 +104,7 @@ def test_a_column_reduction_reads_whole_memory_sectors_per_row() -> None:
         program = wrapgen.lower(lambda g, x: (g.sum(0), x.sum(1)), args)
     blocks = [dict(dict(k.metadata)["constexprs"]) for k in program.lines if isinstance(k, KernelDefinition)]
     configs = sorted(blocks, key=lambda c: c["RBLOCK"])
-    assert configs == [{"XBLOCK": 4, "RBLOCK": 1024}, {"XBLOCK": COLUMN_XBLOCK, "RBLOCK": 2048}]
+    assert configs == [{"XBLOCK": 1, "RBLOCK": 1024}, {"XBLOCK": COLUMN_XBLOCK, "RBLOCK": 2048}]
 
 
 def test_a_long_column_reduction_loops_over_its_rows() -> None:

@@ -133,7 +133,8 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
 
     def _read_directions(self) -> tuple[bool, bool]:
         """Whether most loads step over the reduced dimension with a stride, the kept one contiguous
-        (a column reduction), and whether any does (a transposed operand): both get wider blocks."""
+        (a column reduction), and whether any steps over it with a stride (a transposed operand, or
+        a shifted one: ViT's class token and patches): both get wider blocks."""
         if not self.reduction:
             return False, False
         columns = rows = transposed = 0
@@ -149,8 +150,8 @@ class TritonKernelCodegen(ReductionRenderer, OpRenderer):
                     rows += 1
                 elif along_r != 0 and along_x == 1:
                     columns += 1
-                raw = sympy.expand(sympy.sympify(load.index))  # innermost kept and reduced variables' strides
-                transposed += bool(kept and reduced) and raw.coeff(kept[0], 1) == 1 and raw.coeff(reduced[0], 1) not in (0, 1)
+                raw = sympy.expand(sympy.sympify(load.index))  # the innermost reduced variable's stride
+                transposed += bool(kept and reduced) and raw.coeff(reduced[0], 1) not in (0, 1)
         return columns > rows, transposed > 0
 
     def _check_bound(self, e: sympy.Expr) -> None:
