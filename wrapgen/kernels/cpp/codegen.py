@@ -25,6 +25,7 @@ import torch
 
 from wrapgen.kernels.cpp import epilogue_tiles
 from wrapgen.kernels.cpp.loop_split import emit_in_ranges, split_ranges
+from wrapgen.kernels.cpp.parallel_work import weighted_work
 from wrapgen.kernels.cpp.printer import cpp_index
 from wrapgen.kernels.cpp.row_cache import plan_row_cache
 from wrapgen.kernels.cpp.row_offsets import hoist_row_offsets
@@ -367,8 +368,7 @@ class CppKernelCodegen:
     def generate(self) -> GeneratedKernel:
         g = self.group
         body = _Writer()
-        work = sympy.Mul(*g.rows, *g.reduced) if (g.rows or g.reduced) else sympy.Integer(1)
-        parallel = self._parallel_clause(work)
+        parallel = self._parallel_clause(weighted_work(g))  # elements, a costly function's weighted
         xs, local, memo = row_vars(len(g.rows)), {}, {}
         tile = epilogue_tiles.tile_size(self)
         ranges = None  # the innermost loop of a pointwise kernel, split where its body selects by index
