@@ -45,3 +45,17 @@ def test_a_softmax_over_short_rows_runs_them_in_parallel() -> None:
     """64 rows of 128: 8192 elements, an exp each (the row maximum and sum in the same pass)."""
     x = torch.randn(64, 128)
     assert any(parallel_kernels(lambda t: torch.softmax(t, -1), (x,)))
+
+
+def test_with_symbolic_sizes_the_threshold_is_divided_by_the_weight() -> None:
+    """The element count stays the kernel's size argument (shared by kernels of one iteration
+    space); the GELU backward compares it with the threshold over its weight, at every size."""
+    args = (torch.randn(4, 64), torch.randn(4, 64))
+    program = wrapgen.lower(gelu_backward, args, dynamic=True)
+    compiled = wrapgen.compile(gelu_backward, args, target="python", dynamic=True)
+    (source,) = [k.source for k in program.lines if isinstance(k, KernelDefinition)]
+    weight = 1 + 2 * COSTLY_WEIGHT
+    assert f">= {-(-PARALLEL_THRESHOLD // weight)})" in source, source
+    for rows in (3, 2 * PARALLEL_THRESHOLD // 64):  # serial, then parallel
+        fresh = (torch.randn(rows, 64), torch.randn(rows, 64))
+        torch.testing.assert_close(compiled(*fresh), gelu_backward(*fresh))

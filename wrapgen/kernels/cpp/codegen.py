@@ -368,7 +368,7 @@ class CppKernelCodegen:
     def generate(self) -> GeneratedKernel:
         g = self.group
         body = _Writer()
-        parallel = self._parallel_clause(weighted_work(g))  # elements, a costly function's weighted
+        parallel = self._parallel_clause(*weighted_work(g))  # elements, a costly function's weighted
         xs, local, memo = row_vars(len(g.rows)), {}, {}
         tile = epilogue_tiles.tile_size(self)
         ranges = None  # the innermost loop of a pointwise kernel, split where its body selects by index
@@ -417,12 +417,14 @@ class CppKernelCodegen:
             else:
                 self.segment(ms, memo, local, body)
 
-    def _parallel_clause(self, work: sympy.Expr) -> str | None:
+    def _parallel_clause(self, elements: sympy.Expr, weight: int = 1) -> str | None:
+        """Parallel once elements × weight reach PARALLEL_THRESHOLD (a symbolic count compared with
+        the threshold over the weight: kernels of one iteration space share its size argument)."""
         if not self.group.rows:
             return None
-        if work.is_Integer:
-            return "" if int(work) >= PARALLEL_THRESHOLD else None
-        return f" if({self.size(work)} >= {PARALLEL_THRESHOLD})"
+        if elements.is_Integer:
+            return "" if int(elements) * weight >= PARALLEL_THRESHOLD else None
+        return f" if({self.size(elements)} >= {-(-PARALLEL_THRESHOLD // weight)})"
 
     def segment(self, members: list[Member], memo: dict, local: dict[str, str], w: _Writer) -> None:
         """One pass over the reduced dimensions: accumulate its reductions, run its inner members."""

@@ -23,7 +23,8 @@ def costly_per_element(group: FusionGroup) -> int:
     return sum(isinstance(node, Apply) and node.op in COSTLY for m in group.members for node in walk(m.node.body))
 
 
-def weighted_work(group: FusionGroup) -> sympy.Expr:
-    """Elements of the group's iteration space × (1 + COSTLY_WEIGHT × costly functions per element)."""
+def weighted_work(group: FusionGroup) -> tuple[sympy.Expr, int]:
+    """Elements of the group's iteration space, and each one's weight: 1 + COSTLY_WEIGHT × its
+    costly functions."""
     elements = sympy.Mul(*group.rows, *group.reduced) if (group.rows or group.reduced) else sympy.Integer(1)
-    return elements * (1 + COSTLY_WEIGHT * costly_per_element(group))
+    return elements, 1 + COSTLY_WEIGHT * costly_per_element(group)
