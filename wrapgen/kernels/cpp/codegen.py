@@ -368,7 +368,7 @@ class CppKernelCodegen:
     def generate(self) -> GeneratedKernel:
         g = self.group
         body = _Writer()
-        parallel = self._parallel_clause(*weighted_work(g))  # elements, a costly function's weighted
+        parallel = self._parallel_clause(*weighted_work(g))  # its elements, and their weight
         xs, local, memo = row_vars(len(g.rows)), {}, {}
         tile = epilogue_tiles.tile_size(self)
         ranges = None  # the innermost loop of a pointwise kernel, split where its body selects by index
