@@ -42,7 +42,7 @@ def test_costly_functions_weigh_in_the_parallel_decision(fn, elements: int, para
 
 
 def test_a_softmax_over_short_rows_runs_them_in_parallel() -> None:
-    """64 rows of 128: 8192 elements, an exp each (the row maximum and sum in the same pass)."""
+    """64 rows of 128: 8192 elements, an exp each."""
     x = torch.randn(64, 128)
     assert any(parallel_kernels(lambda t: torch.softmax(t, -1), (x,)))
 
