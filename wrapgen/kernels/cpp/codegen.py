@@ -368,7 +368,7 @@ class CppKernelCodegen:
     def generate(self) -> GeneratedKernel:
         g = self.group
         body = _Writer()
-        parallel = self._parallel_clause(*weighted_work(g))  # its elements, and their weight
+        parallel = self._parallel_clause()
         xs, local, memo = row_vars(len(g.rows)), {}, {}
         tile = epilogue_tiles.tile_size(self)
         ranges = None  # the innermost loop of a pointwise kernel, split where its body selects by index
@@ -417,11 +417,13 @@ class CppKernelCodegen:
             else:
                 self.segment(ms, memo, local, body)
 
-    def _parallel_clause(self, elements: sympy.Expr, weight: int = 1) -> str | None:
-        """Parallel once elements × weight reach PARALLEL_THRESHOLD (a symbolic count compared with
-        the threshold over the weight: kernels of one iteration space share its size argument)."""
+    def _parallel_clause(self) -> str | None:
+        """Parallel once the group's elements × their weight (parallel_work) reach PARALLEL_THRESHOLD;
+        a symbolic count is compared with the threshold over the weight, so kernels of one
+        iteration space share its size argument."""
         if not self.group.rows:
             return None
+        elements, weight = weighted_work(self.group)
         if elements.is_Integer:
             return "" if int(elements) * weight >= PARALLEL_THRESHOLD else None
         return f" if({self.size(elements)} >= {-(-PARALLEL_THRESHOLD // weight)})"

@@ -164,7 +164,7 @@ class ColumnReductionCodegen(CppKernelCodegen):
         xs = row_vars(len(g.rows))
         x0 = xs[-1]  # the blocked dimension; the others are plain outer loops
         extent = self.size(g.rows[-1])
-        parallel = None if wide else self._parallel_clause(sympy.Mul(*g.rows, *g.reduced))
+        parallel = None if wide else self._parallel_clause()
         if parallel is not None:
             collapse = f" collapse({len(xs)})" if len(xs) > 1 else ""
             body.line(f"#pragma omp parallel for{collapse}{parallel}")
