@@ -158,3 +158,14 @@ def test_a_training_step_runs_once_per_target() -> None:
     assert chosen["wrapgen-dynamo[python]"].train_build is None  # the same step as wrapgen[python]'s
     assert chosen["wrapgen-dynamo[cpp]"].train_build is not None  # wrapgen[cpp] is not in the run
     assert chosen["wrapgen-dynamo[python]"].build is not None
+
+
+def test_training_only_leaves_out_the_inference_rows() -> None:
+    """`--training-only` measures the steps alone: their models' inference rows come from other runs."""
+    gpt2 = catalog.select(None, "gpt2,bert")
+    both = [w.name for w in catalog.workloads(gpt2, "small", "fp32", training=True)]
+    steps = [w.name for w in catalog.workloads(gpt2, "small", "fp32", training=True, inference=False)]
+    assert both == ["huggingface/gpt2", "huggingface/gpt2-train", "huggingface/bert"]
+    assert steps == ["huggingface/gpt2-train"]
+    args = run.parse_args(["--device", "cpu", "--models", "gpt2", "--training-only"])
+    assert args.training and args.training_only and run.suite_name(args) == "suite-huggingface-fp32-small-training-gpt2"

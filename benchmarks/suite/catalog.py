@@ -86,17 +86,19 @@ def _training(entry: Entry, dtype: torch.dtype, size: str, device: str) -> tuple
     return TrainingStep(LanguageModelLoss(lm)), inputs
 
 
-def workloads(chosen: list[Entry], size: str, dtype_name: str, training: bool) -> list[Workload]:
-    """Harness workloads: each entry's inference, and with `training` the step of each trainable one.
-    Their one size profile is `size`."""
+def workloads(chosen: list[Entry], size: str, dtype_name: str, training: bool,
+              inference: bool = True) -> list[Workload]:
+    """Harness workloads: each entry's inference (unless not `inference`), and with `training` the
+    step of each trainable one. Their one size profile is `size`."""
     dtype = DTYPES[dtype_name]
     found = []
     for entry in chosen:
         text = f"{entry.suite} {entry.name}" + (f" ({entry.note})" if entry.note else "") + f"; {dtype_name}"
         rtol, atol = TOLERANCES[dtype_name]["inference"]
         make = functools.partial(_inference, entry, dtype)
-        found.append(Workload(entry.key, text, lambda device, _make=make, **_: _make(size, device),
-                              {size: {}}, rtol=rtol, atol=atol, atol_scaled=True, float64_fallback=True))
+        if inference:
+            found.append(Workload(entry.key, text, lambda device, _make=make, **_: _make(size, device),
+                                  {size: {}}, rtol=rtol, atol=atol, atol_scaled=True, float64_fallback=True))
         if training and entry.trainable:
             rtol, atol = TOLERANCES[dtype_name]["training"]
             make = functools.partial(_training, entry, dtype)

@@ -2,7 +2,7 @@
 (`suite-<suites>-<dtype>-<size>[-training]-<device>-<date>-<machine>-<commit>.{md,png,json}`).
 
     python -m benchmarks.suite [--device cpu|cuda] [--suites huggingface,timm,torchvision]
-        [--models gpt2,timm/resnet50] [--dtype fp32|bf16|fp16] [--size small|full] [--training]
+        [--models gpt2,timm/resnet50] [--dtype fp32|bf16|fp16] [--size small|full] [--training[-only]]
         [--contenders eager,torch.compile,wrapgen[python],wrapgen[cpp],wrapgen-dynamo[python],...]
         [--rounds N] [--repeats N] [--no-lowering] [--out-dir DIR]
 
@@ -153,6 +153,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=tuple(catalog.DTYPES), default=None, help="default: bf16 on cuda, fp32 on cpu")
     parser.add_argument("--size", choices=catalog.SIZES, default=None, help="default: full on cuda, small on cpu")
     parser.add_argument("--training", action="store_true", help="also a training step of each causal language model")
+    parser.add_argument("--training-only", action="store_true",
+                        help="only the training steps (their models' inference rows measured in another run)")
     parser.add_argument("--contenders", default=DEFAULT_CONTENDERS, help="comma-separated (eager always runs)")
     parser.add_argument("--rounds", type=int, default=3, help="whole measurements per cell (medians reported)")
     parser.add_argument("--repeats", type=int, default=10, help="timed samples per measurement")
@@ -161,6 +163,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+    args.training = args.training or args.training_only
     step_rounds.settle_device(parser, args)
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     args.size = args.size or ("full" if args.device == "cuda" else "small")
@@ -199,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
         settings["partial"] = f"{len(partial.workloads)} of {len(workloads)} workloads measured so far"
         write(partial, {})
 
-    workloads = catalog.workloads(runnable, args.size, args.dtype, args.training)
+    workloads = catalog.workloads(runnable, args.size, args.dtype, args.training, inference=not args.training_only)
     result = run_benchmarks(args.device, workloads,
                             contenders(args.device, args.contenders), plan, args.size,
                             8 * 2**20 if args.quick else 256 * 2**20, not args.no_progress,
