@@ -183,7 +183,6 @@ def wrapgen_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dic
     """The dynamo backend. `options` are wrapgen config options (target, debug_dir, ...)."""
     import torch._functorch.config as functorch_config
     from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     from wrapgen.kernels.triton.runtime import start_workers_early
     from wrapgen.lowering.decompositions import aot_autograd_table
@@ -220,7 +219,7 @@ def wrapgen_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dic
         # Save for the backward only what is costly to recompute (matmul outputs, reductions);
         # cheap pointwise values are recomputed there, fused into its kernels: less memory
         # held between forward and backward, and fewer bytes written and read (as Inductor does).
-        partition_fn=min_cut_rematerialization_partition,
+        partition_fn=_partition,
     )
     # The backward compiled with the forward (where torch has the switch; else at the first
     # backward call, torch's default): the forward's kernels and library then finish while the
@@ -240,6 +239,18 @@ def wrapgen_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dic
 
 
 # -- saved activations at other strides (graph_passes/conv_layout.py) ------------------------------
+
+
+def _partition(joint: torch.fx.GraphModule, joint_inputs: Any, **options: Any) -> Any:
+    """The joint graph, its copy-only clones removed (so the partitioner cannot save a value and
+    its copy), split by the min-cut partitioner."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    from wrapgen.lowering.graph_passes.copy_only_clones import remove_copy_only_clones
+
+    if remove_copy_only_clones(joint.graph):
+        joint.recompile()
+    return min_cut_rematerialization_partition(joint, joint_inputs, **options)
 
 
 def _saved_outputs() -> slice | None:
