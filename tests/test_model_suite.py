@@ -147,7 +147,10 @@ def test_a_merged_page_with_training_steps_says_so_in_its_name(tmp_path: Path) -
     info = machine.collect("cpu")
     inference, steps = _run("fp32", ["gpt2"], info, tmp_path), _run("fp32", ["gpt2-train"], info, tmp_path / "steps")
     paths = merge.main([str(inference), str(steps), "--out-dir", str(tmp_path / "page")])
-    assert next(p for p in paths if p.suffix == ".md").name.startswith("suite-huggingface-fp32-small-training-cpu-")
+    md = next(p for p in paths if p.suffix == ".md")
+    assert md.name.startswith("suite-huggingface-fp32-small-training-cpu-")
+    groups = [line.split(" | ")[0] for line in md.read_text().splitlines() if line.startswith("| huggingface")]
+    assert "| huggingface training" in groups and "| huggingface" in groups  # a step's own geomean
 
 
 def test_a_training_step_runs_once_per_target() -> None:

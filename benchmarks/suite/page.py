@@ -15,7 +15,15 @@ INDUCTOR = "torch.compile"
 
 
 def _suite_of(report: Report, workload: str) -> str:
-    return report.extra.get("suites", {}).get(workload.removesuffix("-train"), workload.split("/")[0])
+    """The row's suite (`huggingface (bf16)`); a training step's rows make their own group
+    (`huggingface training (bf16)`): a step's speedup is not an inference speedup."""
+    name, tag, dtype = workload.partition(" @")
+    model = name.removesuffix(catalog.TRAINING_SUFFIX)
+    suite = report.extra.get("suites", {}).get(model + tag + dtype, model.split("/")[0])
+    if model == name:
+        return suite
+    plain, paren, rest = suite.partition(" (")
+    return f"{plain} training{paren}{rest}"
 
 
 def _note(workload: str) -> str:
