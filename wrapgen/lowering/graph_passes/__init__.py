@@ -4,6 +4,8 @@
 rewrite the torch-level graph dynamo hands the backend, before aot_autograd traces it (so the
 backward it derives sees the rewrite too). Each pass is one module here; `pipeline.run_passes`
 runs a list (and, with `config.debug_dir`, dumps the graph after each pass that changed it).
+`copy_only_clones` rewrites the joint forward-backward graph, before the dynamo backend's
+partitioner splits it (`dynamo._partition`).
 
 The decomposition tables torch applies while capturing stay with capture
 (`lowering/decompositions.py`), and the per-node decisions taken while lowering (constant
