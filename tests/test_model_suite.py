@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import machine, report  # noqa: E402
 from benchmarks.report import Report, Result  # noqa: E402
-from benchmarks.suite import catalog, huggingface, merge, run, vision  # noqa: E402
+from benchmarks.suite import catalog, huggingface, merge, page, run, vision  # noqa: E402
 
 pytest.importorskip("transformers")
 
@@ -172,3 +172,13 @@ def test_training_only_leaves_out_the_inference_rows() -> None:
     assert steps == ["huggingface/gpt2-train"]
     args = run.parse_args(["--device", "cpu", "--models", "gpt2", "--training-only"])
     assert args.training and args.training_only and run.suite_name(args) == "suite-huggingface-fp32-small-training-gpt2"
+
+
+def test_a_training_step_groups_apart_on_a_page_of_two_dtypes() -> None:
+    """Rows named `<model>-train @<dtype>` (a merged page of two dtypes) group as that suite's
+    training in that dtype, not with its inference rows nor untagged."""
+    merged = Report(info=machine.collect("cpu"), profile="full", plan={}, copy_bandwidth=None, copy_buffer_bytes=0,
+                    workloads={}, results=[], extra={"suites": {"huggingface/gpt2 @bf16": "huggingface (bf16)"}})
+    assert page._suite_of(merged, "huggingface/gpt2 @bf16") == "huggingface (bf16)"
+    assert page._suite_of(merged, "huggingface/gpt2-train @bf16") == "huggingface training (bf16)"
+    assert page._suite_of(merged, "huggingface/opt-train") == "huggingface training"
